@@ -1,0 +1,161 @@
+"""Network namespaces: the one place pycni enters one (``setns(2)``).
+
+Entering is per thread, so a namespace is entered either by the calling thread for a block
+(:func:`entered`) or by a short-lived worker thread (:func:`run_in`) that dies afterwards and so
+can never be left in the wrong namespace. A missing namespace path is an error: nothing here
+creates one by accident (``O_CREAT`` is never used on a netns path).
+
+:func:`create`/:func:`remove` and :class:`Throwaway` make named namespaces for the demo, tests
+and benchmarks; they import pyroute2 lazily.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import secrets
+import threading
+from typing import Any, Callable, Iterator, TypeVar
+
+__all__ = ["NetnsError", "entered", "run_in", "open_netns", "create", "remove", "Throwaway", "RUN_DIR"]
+
+CLONE_NEWNET = 0x40000000
+RUN_DIR = "/run/netns"
+_SELF = "/proc/thread-self/ns/net"
+T = TypeVar("T")
+
+_libc: ctypes.CDLL | None = None
+
+
+class NetnsError(OSError):
+    """A namespace could not be opened or entered (``errno`` says why; ENOENT = gone)."""
+
+
+def _setns(fd: int, what: str) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        reason = "not a network namespace" if err == errno.EINVAL else os.strerror(err)
+        raise NetnsError(err, f"cannot enter network namespace {what}: {reason}")
+
+
+def open_netns(path: str | int) -> int:
+    """Open ``path`` read-only (never creating it); an int is duplicated. Caller closes."""
+    if isinstance(path, int):
+        return os.dup(path)
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        raise NetnsError(e.errno, f"failed to open netns {path!r}: {e.strerror}") from None
+
+
+@contextlib.contextmanager
+def entered(path: str | int | None) -> Iterator[None]:
+    """Run the block with the *calling thread* in ``path``'s namespace (``None``: no change)."""
+    if path is None:
+        yield
+        return
+    target = open_netns(path)
+    saved = os.open(_SELF, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(target, repr(path))
+        try:
+            yield
+        finally:
+            # Failing to get back would leave this thread in a foreign namespace: never ignore it.
+            _setns(saved, "(original)")
+    finally:
+        os.close(target)
+        os.close(saved)
+
+
+def run_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call ``fn`` in a fresh thread that has entered ``path``; return or raise what it did.
+
+    Sockets (pyroute2, libnftables) created inside ``fn`` stay bound to that namespace. The
+    thread exits afterwards, so it needs no way back. ``None`` runs ``fn`` here.
+    """
+    if path is None:
+        return fn(*args, **kwargs)
+    fd = open_netns(path)
+    outcome: list[Any] = []
+
+    def body() -> None:
+        try:
+            _setns(fd, repr(path))
+            outcome.append((True, fn(*args, **kwargs)))
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller's thread
+            outcome.append((False, e))
+
+    try:
+        worker = threading.Thread(target=body, name=f"netns:{path}", daemon=True)
+        worker.start()
+        worker.join()
+    finally:
+        os.close(fd)
+    ok, value = outcome[0]
+    if ok:
+        return value
+    raise value
+
+
+def _path(name: str) -> str:
+    return name if "/" in name else f"{RUN_DIR}/{name}"
+
+
+def create(name: str) -> str:
+    """Create a named namespace (as ``ip netns add``); returns its path."""
+    from pyroute2 import netns as _pnetns
+
+    path = _path(name)
+    if os.path.exists(path):
+        raise NetnsError(errno.EEXIST, f"network namespace {name!r} already exists")
+    _pnetns.create(path)
+    return path
+
+
+def remove(name: str) -> None:
+    """Unmount and unlink a named namespace; a missing one is fine."""
+    path = _path(name)
+    if not os.path.exists(path):
+        return
+    from pyroute2 import netns as _pnetns
+
+    _pnetns.remove(path)
+
+
+class Throwaway:
+    """A named namespace that exists for the ``with`` block (removed even on failure).
+
+    ``lo`` is brought up so the namespace behaves like a host.
+    """
+
+    def __init__(self, prefix: str = "pycni", name: str | None = None) -> None:
+        self.name = name or f"{prefix}-{secrets.token_hex(4)}"
+        self.path = _path(self.name)
+
+    def __enter__(self) -> "Throwaway":
+        create(self.name)
+        try:
+            run_in(self.path, _lo_up)
+        except BaseException:
+            remove(self.name)
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        remove(self.name)
+
+    def __repr__(self) -> str:
+        return f"Throwaway({self.path!r})"
+
+
+def _lo_up() -> None:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")

@@ -1,0 +1,193 @@
+"""The plugin interface: what an in-process plugin receives and implements.
+
+A plugin gets the same :class:`PluginRequest` whether the runtime called it in-process or it was
+exec'd as a binary (``pycni_plugins.skel`` decodes env + stdin into one), so both paths are one
+code path inside the plugin. In-process plugins are found through the ``pycni.plugins`` entry
+point group, keyed by CNI type.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any, Mapping
+
+import attrs
+
+from . import version as _version
+from .errors import CNIError, ErrorCode, InvalidArgumentError, PluginError, PluginNotFoundError
+
+__all__ = [
+    "COMMANDS",
+    "PluginRequest",
+    "Plugin",
+    "parse_cni_args",
+    "builtin_plugins",
+    "builtin_plugin",
+    "delegate",
+]
+
+COMMANDS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")
+ENTRY_POINT_GROUP = "pycni.plugins"
+
+
+def parse_cni_args(text: str) -> list[tuple[str, str]]:
+    """Split ``K=V;K2=V2`` strictly (each pair exactly one ``=``, both sides non-empty)."""
+    if not text:
+        return []
+    pairs = []
+    for item in text.split(";"):
+        parts = item.split("=")
+        if len(parts) != 2 or not parts[0] or not parts[1]:
+            raise InvalidArgumentError(f'invalid CNI_ARGS pair "{item}"')
+        pairs.append((parts[0], parts[1]))
+    return pairs
+
+
+@attrs.frozen
+class PluginRequest:
+    """One plugin invocation: the six ``CNI_*`` parameters and the decoded stdin ``config``."""
+
+    command: str
+    config: Mapping[str, Any]
+    container_id: str = ""
+    netns: str = ""
+    ifname: str = ""
+    args: str = ""
+    path: tuple[str, ...] = ()
+
+    @property
+    def cni_version(self) -> str:
+        value = self.config.get("cniVersion", "")
+        return value if isinstance(value, str) else ""
+
+    @property
+    def network_name(self) -> str:
+        value = self.config.get("name", "")
+        return value if isinstance(value, str) else ""
+
+    @property
+    def prev_result(self) -> Mapping[str, Any] | None:
+        value = self.config.get("prevResult")
+        return value if isinstance(value, Mapping) else None
+
+    @property
+    def runtime_config(self) -> Mapping[str, Any]:
+        value = self.config.get("runtimeConfig")
+        return value if isinstance(value, Mapping) else {}
+
+    def cni_args(self) -> dict[str, str]:
+        """``CNI_ARGS`` as a dict (later keys win); malformed pairs raise code 4."""
+        return dict(parse_cni_args(self.args))
+
+    def stdin(self) -> bytes:
+        return json.dumps(self.config, separators=(",", ":")).encode()
+
+    def env(self) -> dict[str, str]:
+        return {
+            "CNI_COMMAND": self.command,
+            "CNI_CONTAINERID": self.container_id,
+            "CNI_NETNS": self.netns,
+            "CNI_IFNAME": self.ifname,
+            "CNI_ARGS": self.args,
+            "CNI_PATH": ":".join(self.path),
+        }
+
+
+class Plugin:
+    """Base class of in-process plugins. Commands a plugin does not implement succeed.
+
+    ``add`` returns the result as a JSON object at the request's ``cniVersion``; the other
+    commands return ``None``. Failures are raised as :class:`~pycni.errors.CNIError`.
+    """
+
+    #: The CNI ``type`` this plugin answers to.
+    type: str = ""
+    supported_versions: tuple[str, ...] = _version.SUPPORTED
+
+    def add(self, request: PluginRequest) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def check(self, request: PluginRequest) -> None:
+        return None
+
+    def delete(self, request: PluginRequest) -> None:
+        return None
+
+    def gc(self, request: PluginRequest) -> None:
+        return None
+
+    def status(self, request: PluginRequest) -> None:
+        return None
+
+    def version_info(self) -> dict[str, Any]:
+        return {"cniVersion": _version.CURRENT, "supportedVersions": list(self.supported_versions)}
+
+    def handle(self, request: PluginRequest) -> dict[str, Any] | None:
+        """Dispatch ``request.command`` after the version gates every CNI plugin applies."""
+        cmd = request.command
+        if cmd == "VERSION":
+            return self.version_info()
+        if cmd not in COMMANDS:
+            raise CNIError(f"unknown CNI_COMMAND: {cmd}", code=ErrorCode.INVALID_ENVIRONMENT_VARIABLES)
+        version = request.cni_version
+        if version not in self.supported_versions and not (version == "" and "0.1.0" in self.supported_versions):
+            raise CNIError(
+                "incompatible CNI versions",
+                f'config is "{version}", plugin supports {list(self.supported_versions)}',
+                code=ErrorCode.INCOMPATIBLE_CNI_VERSION,
+            )
+        if cmd == "ADD":
+            return self.add(request)
+        if cmd == "DEL":
+            return self.delete(request)
+        if cmd == "CHECK":
+            if not _version.supports_check(version):
+                raise CNIError("config version does not allow CHECK", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
+            return self.check(request)
+        if cmd == "GC":
+            if not _version.supports_gc(version):
+                raise CNIError("config version does not allow GC", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
+            return self.gc(request)
+        if not _version.supports_status(version):
+            raise CNIError("config version does not allow STATUS", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
+        return self.status(request)
+
+
+@cache
+def builtin_plugins() -> Mapping[str, Plugin]:
+    """CNI type → in-process plugin instance, from the ``pycni.plugins`` entry points."""
+    from importlib.metadata import entry_points
+
+    found: dict[str, Plugin] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep.load()())
+    return found
+
+
+def builtin_plugin(plugin_type: str) -> Plugin | None:
+    return builtin_plugins().get(plugin_type)
+
+
+def delegate(
+    request: PluginRequest, plugin_type: str, command: str | None = None, *, timeout: float | None = None
+) -> dict[str, Any] | None:
+    """Run a delegated plugin (e.g. IPAM) with the same config and env, as libcni's ``DelegateAdd``.
+
+    A built-in plugin of that type runs in-process; otherwise the binary is exec'd from the
+    request's ``CNI_PATH``. ADD returns the delegate's result object.
+    """
+    if not plugin_type:
+        raise PluginNotFoundError("no plugin name provided")
+    sub = attrs.evolve(request, command=command or request.command)
+    plugin = builtin_plugin(plugin_type)
+    if plugin is not None:
+        try:
+            return plugin.handle(sub)
+        except CNIError:
+            raise
+        except Exception as e:  # a bug in a delegate must still come back as a CNI error
+            raise PluginError(str(e) or type(e).__name__, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
+    from .invoke import exec_plugin
+
+    return exec_plugin(plugin_type, sub, timeout=timeout)

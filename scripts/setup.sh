@@ -1,0 +1,29 @@
+#!/bin/sh
+# Idempotent set-up for a fresh Debian 12 machine (run as root):
+# system packages, then a venv on Debian's python3 that sees python3-nftables, then pycni itself.
+set -eu
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES="iproute2 nftables python3-nftables python3-venv iptables containernetworking-plugins netavark procps"
+missing=""
+for p in $APT_PACKAGES; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "setup: installing$missing" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+# Debian's interpreter, because the libnftables bindings live in its dist-packages.
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import nftables' 2>/dev/null; then
+    rm -rf .venv
+    /usr/bin/python3 -m venv --system-site-packages .venv
+fi
+stamp=.venv/.pycni-installed
+if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,bench,lint]"
+    touch "$stamp"
+fi
+.venv/bin/python -c 'import nftables, pyroute2, attrs, click, hypothesis' 

@@ -1,0 +1,112 @@
+"""Shared fixtures. Kernel tests work only inside namespaces they create and remove.
+
+``privileged`` tests need root, network namespaces, nftables and (for the exec path) the
+Debian reference plugins. Without them they skip, unless ``PYCNI_REQUIRE_PRIVILEGED=1`` (CI),
+where they fail loudly instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Callable, Iterator
+
+import pytest
+
+from pycni import netns
+
+REFERENCE_PLUGIN_DIR = "/usr/lib/cni"
+TEST_NS_PREFIX = "pycni-t"
+REQUIRE_PRIVILEGED = os.environ.get("PYCNI_REQUIRE_PRIVILEGED") == "1"
+
+
+def _privilege_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "not root"
+    if not os.path.exists("/proc/thread-self/ns/net"):
+        return "no network namespaces"
+    try:
+        import nftables  # noqa: F401
+    except ImportError:
+        return "python3-nftables (libnftables bindings) not importable"
+    try:
+        import pyroute2  # noqa: F401
+    except ImportError:
+        return "pyroute2 not importable"
+    return None
+
+
+def _reference_problem() -> str | None:
+    for name in ("bridge", "host-local", "loopback", "portmap", "firewall"):
+        if not os.access(os.path.join(REFERENCE_PLUGIN_DIR, name), os.X_OK):
+            return f"reference plugin {REFERENCE_PLUGIN_DIR}/{name} missing (apt containernetworking-plugins)"
+    if shutil.which("iptables") is None:
+        return "iptables missing (the reference portmap/firewall need it)"
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "privileged: needs root + netns + nftables (fails in CI if missing)")
+    config.addinivalue_line("markers", "reference: needs the Debian reference plugins in /usr/lib/cni")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    problem = _privilege_problem()
+    ref_problem = _reference_problem()
+    for item in items:
+        reason = None
+        if problem and item.get_closest_marker("privileged"):
+            reason = problem
+        elif ref_problem and item.get_closest_marker("reference"):
+            reason = ref_problem
+        if reason is None:
+            continue
+        if REQUIRE_PRIVILEGED:
+            item.add_marker(pytest.mark.usefixtures("_fail_unprivileged"))
+            item.user_properties.append(("privilege_problem", reason))
+        else:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def _fail_unprivileged(request: pytest.FixtureRequest) -> None:
+    reason = dict(request.node.user_properties).get("privilege_problem")
+    pytest.fail(f"privileged test cannot run here: {reason}", pytrace=False)
+
+
+@pytest.fixture
+def make_netns() -> Iterator[Callable[[str], netns.Throwaway]]:
+    """Factory of throwaway namespaces (lo up); all removed at teardown, even on failure."""
+    made: list[netns.Throwaway] = []
+
+    def make(role: str = "c") -> netns.Throwaway:
+        ns = netns.Throwaway(prefix=f"{TEST_NS_PREFIX}-{role}")
+        ns.__enter__()
+        made.append(ns)
+        return ns
+
+    yield make
+    for ns in reversed(made):
+        ns.__exit__(None, None, None)
+
+
+@pytest.fixture
+def host_ns(make_netns: Callable[[str], netns.Throwaway]) -> netns.Throwaway:
+    """A throwaway namespace standing in for the host: plugins run here, never in the root one."""
+    return make_netns("host")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_leaked_namespaces() -> Iterator[None]:
+    def ours() -> set[str]:
+        try:
+            return {n for n in os.listdir(netns.RUN_DIR) if n.startswith(TEST_NS_PREFIX)}
+        except FileNotFoundError:
+            return set()
+
+    before = ours()
+    yield
+    leaked = ours() - before
+    for name in leaked:
+        netns.remove(name)
+    assert not leaked, f"tests leaked network namespaces: {sorted(leaked)}"
