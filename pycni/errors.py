@@ -20,7 +20,8 @@ one applies, and ``to_json()`` gives the spec's error result. Subclasses say *wh
 from __future__ import annotations
 
 import enum
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "ErrorCode",
@@ -89,7 +90,7 @@ class CNIError(Exception):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self.code}, msg={self.msg!r}, details={self.details!r})"
 
-    def with_context(self, context: str) -> "CNIError":
+    def with_context(self, context: str) -> CNIError:
         """Return this error with ``context`` prepended (the original object is left alone)."""
         new = object.__new__(type(self))
         new.__dict__.update(self.__dict__)
@@ -109,7 +110,7 @@ class CNIError(Exception):
         return out
 
     @classmethod
-    def from_json(cls, data: Any) -> "CNIError":
+    def from_json(cls, data: Any) -> CNIError:
         """Decode an error result; anything malformed raises :class:`ResultError`."""
         if not isinstance(data, dict):
             raise ResultError(f"error result must be a JSON object, not {_json_kind(data)}")
@@ -131,6 +132,8 @@ class ConfigError(CNIError):
 
     def __init__(self, msg: str, details: str = "", *, path: str | None = None, **kw: Any) -> None:
         self.path = path
+        if path:
+            kw.setdefault("context", path)
         super().__init__(msg, details, **kw)
 
 

@@ -17,7 +17,8 @@ import errno
 import os
 import secrets
 import threading
-from typing import Any, Callable, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 __all__ = ["NetnsError", "entered", "run_in", "open_netns", "create", "remove", "Throwaway", "RUN_DIR"]
 
@@ -88,7 +89,7 @@ def run_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: A
         try:
             _setns(fd, repr(path))
             outcome.append((True, fn(*args, **kwargs)))
-        except BaseException as e:  # noqa: BLE001 - handed back to the caller's thread
+        except BaseException as e:
             outcome.append((False, e))
 
     try:
@@ -138,7 +139,7 @@ class Throwaway:
         self.name = name or f"{prefix}-{secrets.token_hex(4)}"
         self.path = _path(self.name)
 
-    def __enter__(self) -> "Throwaway":
+    def __enter__(self) -> Throwaway:
         create(self.name)
         try:
             run_in(self.path, _lo_up)

@@ -9,8 +9,9 @@ point group, keyed by CNI type.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import cache
-from typing import Any, Mapping
+from typing import Any
 
 import attrs
 

@@ -110,3 +110,15 @@ def _no_leaked_namespaces() -> Iterator[None]:
     for name in leaked:
         netns.remove(name)
     assert not leaked, f"tests leaked network namespaces: {sorted(leaked)}"
+
+
+@pytest.fixture
+def fake_plugins(tmp_path):
+    """A plugin dir with the scriptable fake plugin installed as ``fake-a``, ``fake-b``, ``fake-c``."""
+    from tests.helpers.fake import FakePlugins
+
+    plugin_dir = tmp_path / "plugins"
+    plugin_dir.mkdir()
+    fakes = FakePlugins(dir=plugin_dir, log=tmp_path / "fake.log", pidfile=tmp_path / "fake.pids")
+    fakes.install("fake-a", "fake-b", "fake-c")
+    return fakes

@@ -1,0 +1,126 @@
+"""How a plugin runs: exec'd as a binary, or in-process from the built-in registry.
+
+A backend is one call, ``run(plugin_type, request)``, returning the decoded ADD output (or
+``None``), with :meth:`find` for libcni's look-up-first ordering and :meth:`version_info`.
+The request JSON and semantics are identical whichever runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from attrs import evolve
+
+from . import _json
+from .errors import CNIError, ErrorCode, InvalidArgumentError, PluginError, PluginNotFoundError
+from .invoke import VersionInfo, exec_plugin, exec_version, find_plugin
+from .plugin import Plugin, PluginRequest, builtin_plugin
+
+__all__ = ["Backend", "ExecBackend", "InProcessBackend", "AutoBackend", "select_backend", "BACKEND_NAMES"]
+
+log = logging.getLogger("pycni.backends")
+BACKEND_NAMES = ("exec", "inprocess", "auto")
+BUILTIN_LOCATION = "<built-in>"
+
+
+class Backend(Protocol):
+    name: str
+
+    def find(self, plugin_type: str, paths: Sequence[str]) -> str: ...
+
+    def run(self, plugin_type: str, request: PluginRequest) -> dict[str, Any] | None: ...
+
+    def version_info(self, plugin_type: str, paths: Sequence[str]) -> VersionInfo: ...
+
+
+class ExecBackend:
+    """Exec ``<CNI_PATH dir>/<type>`` per call (libcni's behaviour)."""
+
+    name = "exec"
+
+    def __init__(self, timeout: float | None = None) -> None:
+        self.timeout = timeout
+
+    def find(self, plugin_type: str, paths: Sequence[str]) -> str:
+        return find_plugin(plugin_type, paths)
+
+    def run(self, plugin_type: str, request: PluginRequest) -> dict[str, Any] | None:
+        return exec_plugin(plugin_type, request, timeout=self.timeout)
+
+    def version_info(self, plugin_type: str, paths: Sequence[str]) -> VersionInfo:
+        return exec_version(plugin_type, paths, timeout=self.timeout)
+
+
+class InProcessBackend:
+    """Call the built-in plugin of that type directly; no exec, no JSON on a pipe.
+
+    The request still goes through a JSON encode/decode so a plugin sees exactly the bytes an
+    exec'd one would (and cannot alias the runtime's objects).
+    """
+
+    name = "inprocess"
+
+    def _plugin(self, plugin_type: str) -> Plugin:
+        plugin = builtin_plugin(plugin_type) if plugin_type else None
+        if plugin is None:
+            raise PluginNotFoundError(f'plugin type "{plugin_type}" is not built in', plugin=plugin_type)
+        return plugin
+
+    def find(self, plugin_type: str, paths: Sequence[str]) -> str:
+        self._plugin(plugin_type)
+        return BUILTIN_LOCATION
+
+    def run(self, plugin_type: str, request: PluginRequest) -> dict[str, Any] | None:
+        plugin = self._plugin(plugin_type)
+        config = _json.loads(request.stdin())
+        try:
+            out = plugin.handle(evolve(request, config=config))
+        except CNIError as e:
+            raise PluginError(e.msg, e.details, code=e.code, plugin=plugin_type) from e
+        except Exception as e:
+            log.exception("in-process plugin %s crashed on %s", plugin_type, request.command)
+            raise PluginError(str(e) or type(e).__name__, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
+        if request.command != "ADD":
+            return None
+        return _json.loads(_json.dumps_compact(out)) if out is not None else {}
+
+    def version_info(self, plugin_type: str, paths: Sequence[str]) -> VersionInfo:
+        info = self._plugin(plugin_type).version_info()
+        return VersionInfo(info["cniVersion"], tuple(info["supportedVersions"]))
+
+
+class AutoBackend:
+    """In-process where a built-in plugin of the type exists, else exec."""
+
+    name = "auto"
+
+    def __init__(self, timeout: float | None = None) -> None:
+        self._exec = ExecBackend(timeout)
+        self._inprocess = InProcessBackend()
+
+    def _pick(self, plugin_type: str) -> Backend:
+        return self._inprocess if plugin_type and builtin_plugin(plugin_type) is not None else self._exec
+
+    def find(self, plugin_type: str, paths: Sequence[str]) -> str:
+        return self._pick(plugin_type).find(plugin_type, paths)
+
+    def run(self, plugin_type: str, request: PluginRequest) -> dict[str, Any] | None:
+        return self._pick(plugin_type).run(plugin_type, request)
+
+    def version_info(self, plugin_type: str, paths: Sequence[str]) -> VersionInfo:
+        return self._pick(plugin_type).version_info(plugin_type, paths)
+
+
+def select_backend(name: str | None = None, *, timeout: float | None = None) -> Backend:
+    """``exec | inprocess | auto`` (default: ``$PYCNI_BACKEND`` or ``auto``)."""
+    choice = (name or os.environ.get("PYCNI_BACKEND") or "auto").lower()
+    if choice == "exec":
+        return ExecBackend(timeout)
+    if choice == "inprocess":
+        return InProcessBackend()
+    if choice == "auto":
+        return AutoBackend(timeout)
+    raise InvalidArgumentError(f"unknown backend {choice!r}: choose one of {', '.join(BACKEND_NAMES)}")

@@ -1,0 +1,300 @@
+"""The results cache (libcni's ``cniCacheV1``) and the runtime's cross-process locks.
+
+Files live at ``<root>/results/<network>-<containerID>-<ifname>`` in libcni's format (base64
+``config``), so pycni and Go runtimes can share ``/var/lib/cni``; legacy raw-result files are
+read too. Unlike libcni, writes are atomic (temp file, fsync, rename) so a crash never leaves a
+truncated file; the directory is 0700 and files 0600; nothing is opened through a symlink
+planted inside the cache.
+
+Locks (``<root>/locks/``) use open-file-description byte-range locks, so they work between
+threads and processes alike and need one file per network, not one per container:
+operations on one container serialise; GC of a network excludes ADD/DEL on it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import secrets
+import struct
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import attrs
+
+from . import _json
+from .config import NAME_PATTERN
+from .errors import CacheError, InvalidArgumentError
+from .request import validate_container_id, validate_ifname
+
+__all__ = ["ResultsCache", "CachedAttachment", "DEFAULT_CACHE_DIR", "CACHE_KIND"]
+
+DEFAULT_CACHE_DIR = "/var/lib/cni"
+CACHE_KIND = "cniCacheV1"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@attrs.frozen
+class CachedAttachment:
+    """One cache entry: the attachment's parameters, the config it was added with and its result."""
+
+    container_id: str
+    network: str
+    ifname: str
+    config: bytes = b""
+    netns: str = ""
+    cni_args: tuple[tuple[str, str], ...] = ()
+    capability_args: Mapping[str, Any] = attrs.field(factory=dict)
+    result: Mapping[str, Any] | None = None
+
+    def to_bytes(self) -> bytes:
+        """Compact JSON in Go's field order; maps sorted and HTML-escaped as encoding/json does."""
+        parts = [
+            f'"kind":"{CACHE_KIND}"',
+            f'"containerId":{_json.dumps_compact(self.container_id)}',
+            f'"config":"{base64.b64encode(self.config).decode()}"',
+            f'"ifName":{_json.dumps_compact(self.ifname)}',
+            f'"networkName":{_json.dumps_compact(self.network)}',
+        ]
+        if self.netns:
+            parts.append(f'"netns":{_json.dumps_compact(self.netns)}')
+        if self.cni_args:
+            parts.append(f'"cniArgs":{_json.dumps_compact([list(p) for p in self.cni_args])}')
+        if self.capability_args:
+            parts.append(f'"capabilityArgs":{_json.dumps_compact(self.capability_args, sort_keys=True)}')
+        if self.result:
+            parts.append(f'"result":{_json.dumps_compact(self.result, sort_keys=True)}')
+        return _json.go_escape("{" + ",".join(parts) + "}").encode()
+
+    @classmethod
+    def from_json(cls, data: Any) -> CachedAttachment:
+        """Decode a ``cniCacheV1`` object; anything else raises :class:`CacheError`."""
+        if not isinstance(data, dict) or data.get("kind") != CACHE_KIND:
+            kind = data.get("kind") if isinstance(data, dict) else None
+            raise CacheError(f"cached network config has wrong kind: {kind}")
+
+        def text(key: str) -> str:
+            value = data.get(key, "")
+            if not isinstance(value, str):
+                raise CacheError(f"cache entry field {key!r} must be a string")
+            return value
+
+        try:
+            config = base64.b64decode(text("config"), validate=True)
+        except ValueError:
+            raise CacheError("cache entry field 'config' is not base64") from None
+        args = data.get("cniArgs") or []
+        if not isinstance(args, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in args
+        ):
+            raise CacheError("cache entry field 'cniArgs' must be a list of [key, value] pairs")
+        caps = data.get("capabilityArgs") or {}
+        result = data.get("result")
+        if not isinstance(caps, dict) or not (result is None or isinstance(result, dict)):
+            raise CacheError("cache entry fields 'capabilityArgs' and 'result' must be objects")
+        return cls(
+            container_id=text("containerId"),
+            network=text("networkName"),
+            ifname=text("ifName"),
+            config=config,
+            netns=text("netns"),
+            cni_args=tuple((k, v) for k, v in args),
+            capability_args=caps,
+            result=result,
+        )
+
+
+def _check_key(network: str, container_id: str, ifname: str) -> None:
+    if not network or not container_id or not ifname:
+        raise InvalidArgumentError(
+            f"cache file path requires network name ({network!r}), container ID ({container_id!r}), "
+            f"and interface name ({ifname!r})"
+        )
+    if not NAME_PATTERN.fullmatch(network):
+        raise InvalidArgumentError("invalid characters found in network name", network, code=7)
+    validate_container_id(container_id)
+    validate_ifname(ifname)
+
+
+class ResultsCache:
+    """The cache under ``root`` (libcni default ``/var/lib/cni``)."""
+
+    def __init__(self, root: str = DEFAULT_CACHE_DIR) -> None:
+        self.root = root
+        self.results_dir = os.path.join(root, "results")
+        self.locks_dir = os.path.join(root, "locks")
+
+    def file_name(self, network: str, container_id: str, ifname: str) -> str:
+        _check_key(network, container_id, ifname)
+        return f"{network}-{container_id}-{ifname}"
+
+    def path(self, network: str, container_id: str, ifname: str) -> str:
+        return os.path.join(self.results_dir, self.file_name(network, container_id, ifname))
+
+    # -- directories -------------------------------------------------------------------
+
+    def _open_dir(self, path: str, *, create: bool) -> int:
+        """Open a cache subdirectory (0700) without following a symlink planted in its place."""
+        if create:
+            try:
+                os.makedirs(self.root, mode=0o700, exist_ok=True)
+                os.mkdir(path, 0o700)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise CacheError(f"failed to create cache dir {path}: {e.strerror}") from None
+        try:
+            return os.open(path, _DIR_FLAGS)
+        except OSError as e:
+            if e.errno == errno.ENOENT and not create:
+                raise
+            reason = "is a symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
+            raise CacheError(f"cannot use cache dir {path}: {reason}") from None
+
+    # -- entries -------------------------------------------------------------------------
+
+    def write(self, entry: CachedAttachment) -> None:
+        """Atomically replace the entry's file (temp file, fsync, rename, fsync dir)."""
+        name = self.file_name(entry.network, entry.container_id, entry.ifname)
+        data = entry.to_bytes()
+        dfd = self._open_dir(self.results_dir, create=True)
+        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            try:
+                fd = os.open(
+                    tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd
+                )
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                os.fsync(dfd)
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dfd)
+                raise CacheError(
+                    f"failed to write cache file {os.path.join(self.results_dir, name)}: {e.strerror}"
+                ) from None
+        finally:
+            os.close(dfd)
+
+    def read_bytes(self, network: str, container_id: str, ifname: str) -> bytes | None:
+        """The raw file, or ``None`` when there is none; a symlink is refused, not followed."""
+        name = self.file_name(network, container_id, ifname)
+        try:
+            dfd = self._open_dir(self.results_dir, create=False)
+        except FileNotFoundError:
+            return None
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            reason = "is a symlink" if e.errno == errno.ELOOP else e.strerror
+            raise CacheError(f"failed to read cache file {os.path.join(self.results_dir, name)}: {reason}") from None
+        finally:
+            os.close(dfd)
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def read(self, network: str, container_id: str, ifname: str) -> CachedAttachment | None:
+        """Decode an entry; a legacy file (just the result JSON) becomes an entry with only a result.
+
+        Raises :class:`CacheError` when the file exists but cannot be decoded.
+        """
+        data = self.read_bytes(network, container_id, ifname)
+        if data is None:
+            return None
+        try:
+            decoded = _json.loads(data)
+        except _json.JSONDecodeFailure as e:
+            raise CacheError(f"failed to decode cached result for {network}/{container_id}/{ifname}: {e}") from None
+        if isinstance(decoded, dict) and decoded.get("kind") == CACHE_KIND:
+            return CachedAttachment.from_json(decoded)
+        if not isinstance(decoded, dict):
+            raise CacheError(f"cached result for {network}/{container_id}/{ifname} is not a JSON object")
+        return CachedAttachment(container_id=container_id, network=network, ifname=ifname, result=decoded)
+
+    def delete(self, network: str, container_id: str, ifname: str) -> None:
+        name = self.file_name(network, container_id, ifname)
+        try:
+            dfd = self._open_dir(self.results_dir, create=False)
+        except (FileNotFoundError, CacheError):
+            return
+        try:
+            os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise CacheError(f"failed to delete cache file {name}: {e.strerror}") from None
+        finally:
+            os.close(dfd)
+
+    def attachments(self, container_id: str | None = None) -> list[CachedAttachment]:
+        """Every readable ``cniCacheV1`` entry (sorted by file name); unreadable ones are skipped."""
+        try:
+            dfd = self._open_dir(self.results_dir, create=False)
+        except (FileNotFoundError, CacheError):
+            return []
+        found = []
+        try:
+            for name in sorted(os.listdir(dfd)):
+                if name.startswith("."):
+                    continue
+                if container_id and not (name.find(f"-{container_id}-") > 0 and not name.endswith(f"-{container_id}-")):
+                    continue
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                    with os.fdopen(fd, "rb") as f:
+                        entry = CachedAttachment.from_json(_json.loads(f.read()))
+                except (OSError, _json.JSONDecodeFailure, CacheError):
+                    continue
+                if not entry.ifname or not entry.network:
+                    continue
+                if container_id and entry.container_id != container_id:
+                    continue
+                found.append(entry)
+        finally:
+            os.close(dfd)
+        return found
+
+    # -- locks ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def container_lock(self, container_id: str) -> Iterator[None]:
+        """Exclusive per container, across threads and processes (all its attachments)."""
+        offset = 1 + int.from_bytes(hashlib.sha256(container_id.encode()).digest()[:5], "big")
+        with self._range_lock("containers", offset, exclusive=True):
+            yield
+
+    @contextlib.contextmanager
+    def network_lock(self, network: str, *, exclusive: bool) -> Iterator[None]:
+        """Shared for ADD/CHECK/DEL on ``network``, exclusive for its GC."""
+        if not NAME_PATTERN.fullmatch(network):
+            raise InvalidArgumentError("invalid characters found in network name", network, code=7)
+        with self._range_lock(f"net-{network}", 0, exclusive=exclusive):
+            yield
+
+    @contextlib.contextmanager
+    def _range_lock(self, name: str, offset: int, *, exclusive: bool) -> Iterator[None]:
+        dfd = self._open_dir(self.locks_dir, create=True)
+        try:
+            fd = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        except OSError as e:
+            raise CacheError(f"failed to open lock {self.locks_dir}/{name}.lock: {e.strerror}") from None
+        finally:
+            os.close(dfd)
+        try:
+            kind = fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("@hhqqi4x", kind, os.SEEK_SET, offset, 1, 0))
+            yield
+        finally:
+            os.close(fd)

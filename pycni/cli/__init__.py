@@ -1,0 +1,75 @@
+"""The ``pycni`` command line: a cnitool-compatible runtime CLI and more.
+
+Failures print one line (with the CNI error code) on stderr and exit 1; usage errors exit 2.
+Heavy modules (pyroute2, the plugins) are imported only by the commands that need them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import CNIError
+
+__all__ = ["main", "cli"]
+
+
+class _Group(click.Group):
+    """Loads subcommand modules on first use so ``pycni add`` does not pay for ``pycni demo``."""
+
+    lazy = {
+        "nomad": ("pycni.cli.nomad", "nomad"),
+        "demo": ("pycni.cli.demo", "demo"),
+        "plugins": ("pycni.cli.plugins", "plugins"),
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            import importlib
+
+            module, attr = self.lazy[name]
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pycni", prog_name="pycni", message="%(prog)s %(version)s")
+def cli() -> None:
+    """pycni: run CNI network configurations (cnitool-compatible) with exec'd or in-process plugins."""
+
+
+def fail(error: CNIError) -> None:
+    """The one-line error for a CNI failure; exit status 1."""
+    text = str(error).replace("\n", "; ")
+    click.echo(f"pycni: error (code {error.code}): {text}", err=True)
+    sys.exit(1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="pycni", standalone_mode=False)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(1)
+    except CNIError as e:
+        fail(e)
+    sys.exit(0)
+
+
+def _register() -> None:
+    from .runtime_commands import COMMANDS
+
+    for command in COMMANDS:
+        cli.add_command(command)
+
+
+_register()

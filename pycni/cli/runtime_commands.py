@@ -1,0 +1,277 @@
+"""cnitool's verbs (add/check/del/gc/status) plus ``version`` and ``conf``.
+
+The environment is read as cnitool reads it (``NETCONFPATH``, ``CNI_PATH``, ``CNI_IFNAME``,
+``CNI_ARGS``, ``CAP_ARGS``) and the container ID is derived the same way, so a cnitool user
+switches by changing the command name; every option overrides its variable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+import click
+
+from .. import _json, config
+from ..errors import CNIError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
+from ..plugin import parse_cni_args
+
+__all__ = ["COMMANDS", "container_id_for", "load_network", "DEFAULT_NETWORK"]
+
+DEFAULT_CONF_DIR = "/etc/cni/net.d"
+DEFAULT_NETWORK = "nomad"
+
+
+def container_id_for(netns_path: str) -> str:
+    """cnitool's ID: ``cnitool-`` + hex of the first 10 bytes of SHA-512 of the netns path."""
+    return "cnitool-" + hashlib.sha512(netns_path.encode()).hexdigest()[:20]
+
+
+def load_network(conf_dir: str, name: str) -> config.NetworkConfigList:
+    """The named network from ``conf_dir``; ``nomad`` falls back to the embedded Nomad bridge."""
+    try:
+        return config.load_conflist(conf_dir, name)
+    except (NoConfigsFoundError, NetworkNotFoundError):
+        if name != DEFAULT_NETWORK:
+            raise
+    from ..nomad.conflist import default_conflist_bytes
+
+    return config.conflist_from_bytes(default_conflist_bytes(), source="<embedded nomad network>")
+
+
+def _runtime(opts: dict[str, Any]):
+    from ..runtime import Runtime
+
+    return Runtime(
+        opts["plugin_path"].split(":") if opts["plugin_path"] else None,
+        cache_dir=opts["cache_dir"],
+        backend=opts["backend"],
+        timeout=opts["timeout"],
+    )
+
+
+def _rt(opts: dict[str, Any], netns: str):
+    from ..request import RuntimeConf
+
+    netns_path = os.path.abspath(netns) if netns else ""
+    try:
+        args = parse_cni_args(opts["args"] or "")
+    except CNIError as e:
+        raise InvalidArgumentError(f"invalid CNI_ARGS: {e.msg}") from None
+    cap_args: Any = {}
+    if opts["cap_args"]:
+        try:
+            cap_args = _json.loads(opts["cap_args"])
+        except _json.JSONDecodeFailure as e:
+            raise InvalidArgumentError(f"invalid CAP_ARGS: {e}") from None
+        if not isinstance(cap_args, dict):
+            raise InvalidArgumentError("invalid CAP_ARGS: expected a JSON object")
+    return RuntimeConf(
+        container_id=opts["container_id"] or container_id_for(netns_path),
+        netns=netns_path,
+        ifname=opts["ifname"] or "eth0",
+        args=args,
+        capability_args=cap_args,
+    )
+
+
+def _common(fn):
+    """Options shared by the cnitool verbs; each defaults to cnitool's environment variable."""
+    options = [
+        click.option(
+            "--conf-dir",
+            envvar="NETCONFPATH",
+            default=DEFAULT_CONF_DIR,
+            show_default=True,
+            help="Network configuration directory [$NETCONFPATH].",
+        ),
+        click.option("--plugin-path", envvar="CNI_PATH", default="", help="Plugin dirs, ':'-separated [$CNI_PATH]."),
+        click.option(
+            "--ifname",
+            "-i",
+            envvar="CNI_IFNAME",
+            default="eth0",
+            show_default=True,
+            help="Interface name in the container [$CNI_IFNAME].",
+        ),
+        click.option("--container-id", default="", help="Container ID (default: derived from NETNS like cnitool)."),
+        click.option("--args", envvar="CNI_ARGS", default="", help="CNI_ARGS, K=V;K2=V2 [$CNI_ARGS]."),
+        click.option("--cap-args", envvar="CAP_ARGS", default="", help="Capability args, a JSON object [$CAP_ARGS]."),
+        click.option(
+            "--cache-dir",
+            envvar="PYCNI_CACHE_DIR",
+            default="/var/lib/cni",
+            show_default=True,
+            help="Results cache root [$PYCNI_CACHE_DIR].",
+        ),
+        click.option(
+            "--timeout",
+            type=float,
+            envvar="PYCNI_TIMEOUT",
+            default=None,
+            help="Seconds per exec'd plugin call [$PYCNI_TIMEOUT].",
+        ),
+        click.option(
+            "--backend",
+            type=click.Choice(["exec", "inprocess", "auto"]),
+            envvar="PYCNI_BACKEND",
+            default="auto",
+            show_default=True,
+            help="How plugins run [$PYCNI_BACKEND].",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+@click.command()
+@click.argument("network")
+@click.argument("netns")
+@click.option("--rollback", is_flag=True, help="On failure, DEL the plugins that ran.")
+@_common
+def add(network: str, netns: str, rollback: bool, **opts: Any) -> None:
+    """ADD the container in NETNS to NETWORK; print the result."""
+    net = load_network(opts["conf_dir"], network)
+    result = _runtime(opts).add_network_list(net, _rt(opts, netns), rollback=rollback)
+    click.echo(json.dumps(result.to_json(), indent=4), nl=False)
+
+
+@click.command()
+@click.argument("network")
+@click.argument("netns")
+@_common
+def check(network: str, netns: str, **opts: Any) -> None:
+    """CHECK the container's attachment to NETWORK."""
+    _runtime(opts).check_network_list(load_network(opts["conf_dir"], network), _rt(opts, netns))
+
+
+@click.command(name="del")
+@click.argument("network")
+@click.argument("netns")
+@click.option("--best-effort", is_flag=True, help="Run every plugin's DEL even after failures; report all.")
+@_common
+def delete(network: str, netns: str, best_effort: bool, **opts: Any) -> None:
+    """DEL the container's attachment to NETWORK."""
+    net = load_network(opts["conf_dir"], network)
+    _runtime(opts).delete_network_list(net, _rt(opts, netns), best_effort=best_effort)
+
+
+def _attachment(value: str):
+    from ..request import Attachment
+
+    cid, sep, ifname = value.rpartition(":")
+    if not sep or not cid or not ifname:
+        raise click.BadParameter(f"{value!r} is not CONTAINER_ID:IFNAME")
+    return Attachment(cid, ifname)
+
+
+@click.command()
+@click.argument("network")
+@click.option(
+    "--valid",
+    "valid",
+    multiple=True,
+    metavar="CID:IFNAME",
+    help="A still-valid attachment (repeatable). Without any, every cached attachment is stale, as cnitool.",
+)
+@_common
+def gc(network: str, valid: tuple[str, ...], **opts: Any) -> None:
+    """GC NETWORK: DEL stale cached attachments, then GC every plugin."""
+    attachments = [_attachment(v) for v in valid] if valid else None
+    _runtime(opts).gc_network_list(load_network(opts["conf_dir"], network), attachments)
+
+
+@click.command()
+@click.argument("network")
+@_common
+def status(network: str, **opts: Any) -> None:
+    """STATUS of NETWORK's plugins (exit 1 with the plugin's code when not ready)."""
+    _runtime(opts).get_status_network_list(load_network(opts["conf_dir"], network))
+
+
+@click.command()
+@click.argument("plugin_type", required=False)
+@_common
+def version(plugin_type: str | None, **opts: Any) -> None:
+    """pycni's version, or a plugin's VERSION answer."""
+    from .. import __version__
+    from ..version import SUPPORTED
+
+    if plugin_type is None:
+        out = {"pycni": __version__, "cniVersion": SUPPORTED[-1], "supportedVersions": list(SUPPORTED)}
+    else:
+        out = _runtime(opts).get_version_info(plugin_type).to_json()
+    click.echo(json.dumps(out, indent=2))
+
+
+@click.group()
+def conf() -> None:
+    """Inspect a network configuration directory."""
+
+
+_conf_dir = click.option(
+    "--conf-dir",
+    envvar="NETCONFPATH",
+    default=DEFAULT_CONF_DIR,
+    show_default=True,
+    help="Network configuration directory [$NETCONFPATH].",
+)
+
+
+def _summary(net: config.NetworkConfigList) -> dict[str, Any]:
+    return {
+        "name": net.name,
+        "cniVersion": net.cni_version,
+        "plugins": [p.type for p in net.plugins],
+        "source": net.source,
+    }
+
+
+@conf.command(name="list")
+@_conf_dir
+def conf_list(conf_dir: str) -> None:
+    """Every network in the dir, in load order (the first file of a name wins)."""
+    click.echo(json.dumps([_summary(n) for n in config.list_networks(conf_dir)], indent=2))
+
+
+@conf.command(name="show")
+@click.argument("name")
+@_conf_dir
+def conf_show(name: str, conf_dir: str) -> None:
+    """The network NAME as the runtime loads it (drop-ins appended, cniVersion selected)."""
+    net = load_network(conf_dir, name)
+    out = _summary(net) | {
+        "disableCheck": net.disable_check,
+        "disableGC": net.disable_gc,
+        "plugins": [dict(p.raw) for p in net.plugins],
+    }
+    click.echo(json.dumps(out, indent=2))
+
+
+@conf.command(name="validate")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option(
+    "--plugins", "check_plugins", is_flag=True, help="Also check each plugin exists and supports the version."
+)
+@click.option("--plugin-path", envvar="CNI_PATH", default="", help="Plugin dirs [$CNI_PATH].")
+@click.option("--backend", type=click.Choice(["exec", "inprocess", "auto"]), envvar="PYCNI_BACKEND", default="auto")
+def conf_validate(path: str, check_plugins: bool, plugin_path: str, backend: str) -> None:
+    """Parse PATH (.conflist, or a single .conf/.json); print its summary."""
+    if path.endswith(".conflist"):
+        net = config.conflist_from_file(path)
+    else:
+        net = config.conflist_from_conf(config.conf_from_file(path))
+    out = _summary(net)
+    if check_plugins:
+        from ..runtime import Runtime
+
+        out["capabilities"] = Runtime(
+            plugin_path.split(":") if plugin_path else None, backend=backend
+        ).validate_network_list(net)
+    click.echo(json.dumps(out, indent=2))
+
+
+COMMANDS = [add, check, delete, gc, status, version, conf]

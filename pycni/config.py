@@ -1,0 +1,278 @@
+"""Network configuration files: libcni's ``conf.go``, with every failure naming the file.
+
+A *network configuration list* (``.conflist``) holds the network ``name``, the ``cniVersion``
+the runtime uses with every plugin, and the ``plugins`` chain. Single-plugin ``.conf``/``.json``
+files are the deprecated form and are up-converted to a one-plugin list. Unknown keys are kept
+exactly (integers stay integers) because plugins read them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+
+from . import _json
+from . import version as _version
+from .errors import ConfigError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
+
+__all__ = [
+    "NetworkConfig",
+    "NetworkConfigList",
+    "conf_files",
+    "conf_from_bytes",
+    "conf_from_file",
+    "conflist_from_bytes",
+    "conflist_from_file",
+    "conflist_from_conf",
+    "load_conf",
+    "load_conflist",
+    "list_networks",
+    "validate_network_name",
+    "NAME_PATTERN",
+]
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+CONFLIST_EXTS = (".conflist",)
+CONF_EXTS = (".conf", ".json")
+
+
+def validate_network_name(name: str) -> None:
+    """Refuse names that are empty or could leave a path component (before they touch one)."""
+    if not name:
+        raise InvalidArgumentError("missing network name:", code=7)
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise InvalidArgumentError("invalid characters found in network name", str(name), code=7)
+
+
+@attrs.frozen
+class NetworkConfig:
+    """One plugin's configuration object (``raw``), as found in the file."""
+
+    raw: Mapping[str, Any]
+    source: str = ""
+
+    @property
+    def type(self) -> str:
+        return self.raw["type"]
+
+    @property
+    def name(self) -> str:
+        value = self.raw.get("name", "")
+        return value if isinstance(value, str) else ""
+
+    @property
+    def cni_version(self) -> str:
+        value = self.raw.get("cniVersion", "")
+        return value if isinstance(value, str) else ""
+
+    @property
+    def capabilities(self) -> tuple[str, ...]:
+        """Enabled capability names, in file order (only ``true`` entries count)."""
+        caps = self.raw.get("capabilities")
+        if not isinstance(caps, Mapping):
+            return ()
+        return tuple(k for k, v in caps.items() if v is True)
+
+    @property
+    def bytes(self) -> bytes:
+        return _json.dumps_compact(self.raw).encode()
+
+
+@attrs.frozen
+class NetworkConfigList:
+    """A network: its name, the selected ``cni_version`` and the plugin chain.
+
+    ``bytes`` are the original file bytes (what libcni caches); drop-in plugins are not in them.
+    """
+
+    name: str
+    cni_version: str
+    plugins: tuple[NetworkConfig, ...]
+    disable_check: bool = False
+    disable_gc: bool = False
+    load_only_inlined_plugins: bool = False
+    cni_versions: tuple[str, ...] | None = None
+    bytes: bytes = b""
+    source: str = ""
+
+
+def _where(source: str | None) -> str:
+    return source or "<bytes>"
+
+
+def _decode(data: bytes | str, what: str, source: str | None) -> dict[str, Any]:
+    try:
+        raw = _json.loads(data)
+    except _json.JSONDecodeFailure as e:
+        raise ConfigError(f"error parsing {what}: {e}", path=source, code=6) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"error parsing {what}: expected a JSON object", path=source, code=6)
+    return raw
+
+
+def _bool_field(raw: Mapping[str, Any], key: str, source: str | None) -> bool:
+    value = raw.get(key, False)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        lowered = value.lower()
+        if lowered in ("true", "false"):
+            return lowered == "true"
+        raise ConfigError(f"error parsing configuration list: invalid value {value!r} for {key}", path=source)
+    raise ConfigError(f"error parsing configuration list: invalid type for {key}", path=source)
+
+
+def _plugin(raw: dict[str, Any], source: str | None) -> NetworkConfig:
+    plugin_type = raw.get("type")
+    if plugin_type is None or plugin_type == "":
+        raise ConfigError("error parsing configuration: missing 'type'", path=source)
+    if not isinstance(plugin_type, str):
+        raise ConfigError("error parsing configuration: invalid 'type' type", path=source)
+    if "/" in plugin_type or "\\" in plugin_type or "\x00" in plugin_type:
+        raise ConfigError(f"error parsing configuration: invalid plugin type {plugin_type!r}", path=source)
+    return NetworkConfig(raw=raw, source=source or "")
+
+
+def conf_from_bytes(data: bytes | str, source: str | None = None) -> NetworkConfig:
+    """Parse one plugin configuration (a ``.conf``); it must name its ``type``."""
+    return _plugin(_decode(data, "configuration", source), source)
+
+
+def conf_from_file(path: str) -> NetworkConfig:
+    return conf_from_bytes(_read(path), source=path)
+
+
+def conflist_from_conf(conf: NetworkConfig) -> NetworkConfigList:
+    """Up-convert a single plugin config: ``{"name", "cniVersion", "plugins": [conf]}``."""
+    listing = {"name": conf.raw.get("name", ""), "cniVersion": conf.raw.get("cniVersion", ""), "plugins": [conf.raw]}
+    return conflist_from_bytes(_json.dumps_compact(listing).encode(), source=conf.source or None, drop_ins=False)
+
+
+def conflist_from_bytes(data: bytes | str, source: str | None = None, *, drop_ins: bool = False) -> NetworkConfigList:
+    """Parse a network configuration list; ``drop_ins`` also appends ``<dir>/<name>/*.conf``."""
+    raw = _decode(data, "configuration list", source)
+    prefix = "error parsing configuration list:"
+    if "name" not in raw:
+        raise ConfigError(f"{prefix} no name", path=source)
+    name = raw["name"]
+    if not isinstance(name, str):
+        raise ConfigError(f"{prefix} invalid name type {type(name).__name__}", path=source)
+    cni_version = _version.select_version(raw.get("cniVersion"), raw.get("cniVersions"), path=source)
+    versions = raw.get("cniVersions")
+    disable_check = _bool_field(raw, "disableCheck", source)
+    disable_gc = _bool_field(raw, "disableGC", source)
+    inlined_only = _bool_field(raw, "loadOnlyInlinedPlugins", source)
+
+    plugins: list[NetworkConfig] = []
+    if "plugins" in raw:
+        entries = raw["plugins"]
+        if not isinstance(entries, list):
+            raise ConfigError(f"{prefix} invalid 'plugins' type {type(entries).__name__}", path=source)
+        if not entries:
+            raise ConfigError(f"{prefix} no plugins in list", path=source)
+        for i, entry in enumerate(entries):
+            try:
+                if not isinstance(entry, dict):
+                    raise ConfigError("error parsing configuration: expected a JSON object")
+                plugins.append(_plugin(entry, None))
+            except ConfigError as e:
+                raise ConfigError(f"failed to parse plugin config {i}: {e.msg}", path=source) from None
+        plugins = [attrs.evolve(p, source=source or "") for p in plugins]
+    elif inlined_only:
+        raise ConfigError("`loadOnlyInlinedPlugins` is true, and no 'plugins' key", path=source)
+
+    if drop_ins and not inlined_only and source and name:
+        if not NAME_PATTERN.fullmatch(name):
+            raise ConfigError("invalid characters found in network name", name, path=source)
+        plugins.extend(_drop_ins(os.path.join(os.path.dirname(source), name)))
+    if not plugins:
+        raise ConfigError("no plugin configs found", path=source)
+    return NetworkConfigList(
+        name=name,
+        cni_version=cni_version,
+        plugins=tuple(plugins),
+        disable_check=disable_check,
+        disable_gc=disable_gc,
+        load_only_inlined_plugins=inlined_only,
+        cni_versions=tuple(versions) if isinstance(versions, list) else None,
+        bytes=data.encode() if isinstance(data, str) else bytes(data),
+        source=source or "",
+    )
+
+
+def _drop_ins(directory: str) -> list[NetworkConfig]:
+    return [conf_from_file(path) for path in conf_files(directory, (".conf",))]
+
+
+def conflist_from_file(path: str) -> NetworkConfigList:
+    return conflist_from_bytes(_read(path), source=path, drop_ins=True)
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ConfigError(f"error reading {path}: {e.strerror}", path=path, code=5) from None
+
+
+def conf_files(directory: str, extensions: Iterable[str]) -> list[str]:
+    """Regular (non-directory) files in ``directory`` with one of ``extensions``, sorted by name."""
+    exts = tuple(extensions)
+    try:
+        entries = sorted(os.scandir(directory), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        raise ConfigError(f"error reading config dir {directory}: {e.strerror}", path=directory, code=5) from None
+    return [e.path for e in entries if not e.is_dir(follow_symlinks=False) and os.path.splitext(e.name)[1] in exts]
+
+
+def load_conf(directory: str, name: str) -> NetworkConfig:
+    """The first single-plugin config (``.conf``/``.json``, lexical order) named ``name``."""
+    validate_network_name(name)
+    files = conf_files(directory, CONF_EXTS)
+    if not files:
+        raise NoConfigsFoundError(f"no net configurations found in {directory}", path=directory)
+    for path in files:
+        conf = conf_from_file(path)
+        if conf.name == name:
+            return conf
+    raise NetworkNotFoundError(f'no net configuration with name "{name}" in {directory}', path=directory)
+
+
+def load_conflist(directory: str, name: str) -> NetworkConfigList:
+    """libcni's ``LoadNetworkConf``: conflists in lexical order first, then single confs.
+
+    As in libcni, a file that fails to parse aborts the search even if it is another network's.
+    """
+    validate_network_name(name)
+    lists = conf_files(directory, CONFLIST_EXTS)
+    for path in lists:
+        conflist = conflist_from_file(path)
+        if conflist.name == name:
+            return conflist
+    try:
+        return conflist_from_conf(load_conf(directory, name))
+    except NoConfigsFoundError:
+        if lists:
+            raise NetworkNotFoundError(
+                f'no net configuration with name "{name}" in {directory}', path=directory
+            ) from None
+        raise
+
+
+def list_networks(directory: str) -> list[NetworkConfigList]:
+    """Every network in ``directory`` in load order (first file of a name wins), for inspection."""
+    seen: dict[str, NetworkConfigList] = {}
+    for path in conf_files(directory, CONFLIST_EXTS):
+        conflist = conflist_from_file(path)
+        seen.setdefault(conflist.name, conflist)
+    for path in conf_files(directory, CONF_EXTS):
+        conflist = conflist_from_conf(conf_from_file(path))
+        seen.setdefault(conflist.name, conflist)
+    return list(seen.values())

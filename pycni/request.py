@@ -1,0 +1,139 @@
+"""The one place that builds what a plugin is given: its stdin config and ``CNI_*`` parameters.
+
+libcni's ``buildOneConfig``: ``name`` and ``cniVersion`` come from the list (overwriting the
+plugin's), ``prevResult`` is injected when there is one, and ``runtimeConfig`` is the plugin's
+enabled capabilities intersected with the caller's capability args (replacing any in the file).
+GC adds the valid attachments under both the spec key and libcni's legacy key.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from .config import NetworkConfig
+from .errors import InvalidArgumentError
+from .plugin import PluginRequest
+
+__all__ = [
+    "RuntimeConf",
+    "Attachment",
+    "build_config",
+    "build_request",
+    "validate_container_id",
+    "validate_ifname",
+    "format_cni_args",
+    "VALID_ATTACHMENTS_KEY",
+    "LEGACY_ATTACHMENTS_KEY",
+]
+
+VALID_ATTACHMENTS_KEY = "cni.dev/valid-attachments"
+LEGACY_ATTACHMENTS_KEY = "cni.dev/attachments"
+_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+
+
+@attrs.frozen
+class RuntimeConf:
+    """Per-attachment runtime parameters (libcni ``RuntimeConf``).
+
+    ``args`` become ``CNI_ARGS`` (``k=v`` joined by ``;``); ``capability_args`` feed
+    ``runtimeConfig`` for plugins that enable the capability.
+    """
+
+    container_id: str
+    netns: str = ""
+    ifname: str = "eth0"
+    args: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=lambda a: tuple(tuple(p) for p in a))
+    capability_args: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Attachment:
+    """A still-valid attachment for GC: ``(containerID, ifname)``."""
+
+    container_id: str
+    ifname: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"containerID": self.container_id, "ifname": self.ifname}
+
+
+def validate_container_id(container_id: str) -> None:
+    if not container_id:
+        raise InvalidArgumentError("missing containerID", code=3)
+    if not _ID_PATTERN.fullmatch(container_id):
+        raise InvalidArgumentError("invalid characters in containerID", container_id)
+
+
+def validate_ifname(ifname: str) -> None:
+    """Linux interface name rules (IFNAMSIZ): 1..15 bytes, not ``.``/``..``, no ``/ :`` or spaces."""
+    if not ifname:
+        raise InvalidArgumentError("interface name is empty")
+    if len(ifname.encode("utf-8", "surrogatepass")) > 15:
+        raise InvalidArgumentError("interface name is too long", "interface name should be less than 16 characters")
+    if ifname in (".", ".."):
+        raise InvalidArgumentError("interface name is . or ..")
+    if any(c in "/:" or c.isspace() or c == "\x00" for c in ifname):
+        raise InvalidArgumentError("interface name contains / or : or whitespace characters")
+
+
+def format_cni_args(args: Iterable[Sequence[str]]) -> str:
+    """``k=v`` pairs joined by ``;``; a ``;`` or ``=`` inside would corrupt the string, so refuse it."""
+    parts = []
+    for key, value in args:
+        if not key or any(c in key for c in ";=\x00") or any(c in value for c in ";\x00"):
+            raise InvalidArgumentError(f'invalid CNI_ARGS pair "{key}={value}"')
+        parts.append(f"{key}={value}")
+    return ";".join(parts)
+
+
+def build_config(
+    plugin: NetworkConfig,
+    *,
+    name: str,
+    cni_version: str,
+    prev_result: Mapping[str, Any] | None = None,
+    capability_args: Mapping[str, Any] | None = None,
+    valid_attachments: Sequence[Attachment] | None = None,
+    gc: bool = False,
+    strip_capabilities: bool = False,
+) -> dict[str, Any]:
+    """The stdin object for one plugin call (the plugin's own config is not modified)."""
+    config = dict(plugin.raw)
+    config["name"] = name
+    config["cniVersion"] = cni_version
+    if strip_capabilities:
+        config.pop("capabilities", None)
+    if gc:
+        if valid_attachments is not None:
+            listed = [a.to_json() for a in valid_attachments]
+            config[VALID_ATTACHMENTS_KEY] = listed
+            config[LEGACY_ATTACHMENTS_KEY] = listed
+        return config
+    if prev_result is not None:
+        config["prevResult"] = prev_result
+    if capability_args:
+        runtime_config = {cap: capability_args[cap] for cap in plugin.capabilities if cap in capability_args}
+        if runtime_config:
+            config["runtimeConfig"] = runtime_config
+    return config
+
+
+def build_request(
+    command: str, config: Mapping[str, Any], rt: RuntimeConf | None, path: Sequence[str]
+) -> PluginRequest:
+    """Pair a stdin config with the ``CNI_*`` parameters (empty for GC and STATUS)."""
+    if rt is None:
+        return PluginRequest(command=command, config=config, path=tuple(path))
+    return PluginRequest(
+        command=command,
+        config=config,
+        container_id=rt.container_id,
+        netns=rt.netns,
+        ifname=rt.ifname,
+        args=format_cni_args(rt.args),
+        path=tuple(path),
+    )

@@ -1,0 +1,361 @@
+"""The runtime: libcni's ``api.go`` (ADD/CHECK/DEL/GC/STATUS over a network list or one plugin).
+
+Semantics follow libcni v1.3 exactly (see the reference checklist), plus what libcni lacks:
+per-container and per-network locking across processes, atomic cache writes, ADD with
+rollback, best-effort DEL, a per-call plugin timeout, and plugins run in a chosen host
+network namespace (``host_netns``) rather than only the caller's.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import attrs
+
+from . import netns as _netns
+from . import version as _version
+from .backends import Backend, select_backend
+from .cache import DEFAULT_CACHE_DIR, CachedAttachment, ResultsCache
+from .config import NetworkConfig, NetworkConfigList, conflist_from_conf, validate_network_name
+from .errors import CacheError, CNIError, MultiError, ResultError, VersionError
+from .invoke import VersionInfo
+from .request import (
+    Attachment,
+    RuntimeConf,
+    build_config,
+    build_request,
+    validate_container_id,
+    validate_ifname,
+)
+from .types import AnyResult, convert, parse_result
+
+__all__ = ["Runtime", "DEFAULT_PLUGIN_PATH"]
+
+DEFAULT_PLUGIN_PATH = ("/opt/cni/bin",)
+T = TypeVar("T")
+
+
+def _describe(plugin: NetworkConfig, op: str) -> str:
+    name = f' name="{plugin.name}"' if plugin.name else ""
+    return f'plugin type="{plugin.type}"{name} failed ({op})'
+
+
+class Runtime:
+    """Runs network lists for attachments, as libcni's ``CNIConfig``.
+
+    ``path``: plugin directories (``CNI_PATH``); ``cache_dir``: results cache root;
+    ``backend``: ``exec``, ``inprocess``, ``auto`` or a :class:`~pycni.backends.Backend`;
+    ``timeout``: seconds per exec'd plugin call; ``host_netns``: run plugins in that network
+    namespace (a path) instead of the caller's; ``strip_capabilities``: drop ``capabilities``
+    from plugin stdin as spec 1.1 says (libcni keeps it, the default here too).
+    """
+
+    def __init__(
+        self,
+        path: Sequence[str] | None = None,
+        *,
+        cache_dir: str = DEFAULT_CACHE_DIR,
+        backend: str | Backend | None = None,
+        timeout: float | None = None,
+        host_netns: str | None = None,
+        strip_capabilities: bool = False,
+    ) -> None:
+        if path is None:
+            env_path = os.environ.get("CNI_PATH")
+            path = env_path.split(":") if env_path else DEFAULT_PLUGIN_PATH
+        self.path = tuple(path)
+        self.cache = ResultsCache(cache_dir)
+        self.backend = (
+            backend
+            if backend is not None and not isinstance(backend, str)
+            else select_backend(backend, timeout=timeout)
+        )
+        self.host_netns = host_netns
+        self.strip_capabilities = strip_capabilities
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _in_host(self, fn: Callable[..., T], *args: Any) -> T:
+        return _netns.run_in(self.host_netns, fn, *args)
+
+    def _run(self, plugin: NetworkConfig, command: str, config: dict[str, Any], rt: RuntimeConf | None) -> Any:
+        request = build_request(command, config, rt, self.path)
+        return self._in_host(self.backend.run, plugin.type, request)
+
+    def _config(self, net: NetworkConfigList, plugin: NetworkConfig, **kw: Any) -> dict[str, Any]:
+        return build_config(
+            plugin, name=net.name, cni_version=net.cni_version, strip_capabilities=self.strip_capabilities, **kw
+        )
+
+    # -- ADD -----------------------------------------------------------------------------
+
+    def add_network_list(self, net: NetworkConfigList, rt: RuntimeConf, *, rollback: bool = False) -> AnyResult:
+        """Run every plugin's ADD in order, chaining results; cache and return the last one.
+
+        Stops at the first failure. With ``rollback``, the plugins that ran (the failing one
+        included) are DEL'd in reverse before the error is raised.
+        """
+        with self.cache.network_lock(net.name, exclusive=False), self.cache.container_lock(rt.container_id):
+            prev: AnyResult | None = None
+            for index, plugin in enumerate(net.plugins):
+                try:
+                    prev = self._add_one(net, plugin, rt, prev)
+                except CNIError as e:
+                    error = e.with_context(_describe(plugin, "add"))
+                    if rollback:
+                        self._rollback(net, net.plugins[: index + 1], rt, prev, error)
+                    raise error from e
+            assert prev is not None
+            self._write_cache(net, rt, prev, net.bytes)
+            return prev
+
+    def _add_one(
+        self, net: NetworkConfigList, plugin: NetworkConfig, rt: RuntimeConf, prev: AnyResult | None
+    ) -> AnyResult:
+        self.backend.find(plugin.type, self.path)
+        validate_container_id(rt.container_id)
+        validate_network_name(net.name)
+        validate_ifname(rt.ifname)
+        config = self._config(
+            net, plugin, prev_result=None if prev is None else prev.to_json(), capability_args=rt.capability_args
+        )
+        raw = self._run(plugin, "ADD", config, rt)
+        return parse_result(raw, config_version=net.cni_version)
+
+    def _rollback(
+        self,
+        net: NetworkConfigList,
+        ran: Sequence[NetworkConfig],
+        rt: RuntimeConf,
+        prev: AnyResult | None,
+        error: CNIError,
+    ) -> None:
+        prev_json = self._convert_for_del(net, prev)
+        failures = self._delete_plugins(net, ran, rt, prev_json, best_effort=True)
+        error.rollback_errors = failures  # type: ignore[attr-defined]
+        for failure in failures:
+            error.add_note(f"rollback: {failure}")
+
+    def _write_cache(self, net: NetworkConfigList, rt: RuntimeConf, result: AnyResult, config: bytes) -> None:
+        entry = CachedAttachment(
+            container_id=rt.container_id,
+            network=net.name,
+            ifname=rt.ifname,
+            config=config,
+            netns=rt.netns,
+            cni_args=rt.args,
+            capability_args=dict(rt.capability_args),
+            result=result.to_json(),
+        )
+        try:
+            self.cache.write(entry)
+        except CNIError as e:
+            raise CacheError(f'failed to set network "{net.name}" cached result: {e}') from e
+
+    # -- cached results ------------------------------------------------------------------
+
+    def _cached_result(self, net: NetworkConfigList, rt: RuntimeConf) -> AnyResult | None:
+        entry = self.cache.read(net.name, rt.container_id, rt.ifname)
+        if entry is None or entry.result is None:
+            return None
+        result = parse_result(entry.result, config_version=net.cni_version)
+        try:
+            return convert(result, net.cni_version)
+        except ResultError as e:
+            raise ResultError(
+                f'failed to convert cached result to config version "{net.cni_version}": {e.msg}'
+            ) from None
+
+    def get_network_list_cached_result(self, net: NetworkConfigList, rt: RuntimeConf) -> AnyResult | None:
+        """The cached ADD result converted to the list's version; ``None`` when there is none."""
+        return self._cached_result(net, rt)
+
+    def get_network_list_cached_config(
+        self, net: NetworkConfigList, rt: RuntimeConf
+    ) -> tuple[bytes | None, RuntimeConf]:
+        """The config bytes cached at ADD and ``rt`` with the cached args/capability args restored."""
+        entry = self.cache.read(net.name, rt.container_id, rt.ifname)
+        if entry is None or not entry.config:
+            return None, rt
+        args = entry.cni_args if entry.cni_args else rt.args
+        return entry.config, attrs.evolve(rt, args=args, capability_args=dict(entry.capability_args))
+
+    def get_cached_attachments(self, container_id: str | None = None) -> list[CachedAttachment]:
+        return self.cache.attachments(container_id)
+
+    # -- DEL -----------------------------------------------------------------------------
+
+    def _convert_for_del(self, net: NetworkConfigList, result: AnyResult | None) -> dict[str, Any] | None:
+        if result is None or not _version.supports_prev_result_on_del(net.cni_version):
+            return None
+        try:
+            return convert(result, net.cni_version).to_json()
+        except ResultError:
+            return result.to_json()
+
+    def _delete_plugins(
+        self,
+        net: NetworkConfigList,
+        plugins: Sequence[NetworkConfig],
+        rt: RuntimeConf,
+        prev: Mapping[str, Any] | None,
+        *,
+        best_effort: bool,
+    ) -> list[CNIError]:
+        failures: list[CNIError] = []
+        for plugin in reversed(plugins):
+            config = self._config(net, plugin, prev_result=prev, capability_args=rt.capability_args)
+            try:
+                self._run(plugin, "DEL", config, rt)
+            except CNIError as e:
+                error = e.with_context(_describe(plugin, "delete"))
+                if not best_effort:
+                    raise error from e
+                failures.append(error)
+        return failures
+
+    def delete_network_list(self, net: NetworkConfigList, rt: RuntimeConf, *, best_effort: bool = False) -> None:
+        """DEL every plugin in reverse with the cached result; remove the cache on success.
+
+        An unreadable cache is deleted and DEL goes on without ``prevResult``. A plugin failure
+        stops DEL and keeps the cache for a retry; with ``best_effort`` every plugin still runs
+        and all failures are raised together (:class:`~pycni.errors.MultiError`).
+        """
+        with self.cache.network_lock(net.name, exclusive=False), self.cache.container_lock(rt.container_id):
+            self._delete_locked(net, rt, best_effort=best_effort)
+
+    def _delete_locked(self, net: NetworkConfigList, rt: RuntimeConf, *, best_effort: bool) -> None:
+        prev: dict[str, Any] | None = None
+        if _version.supports_prev_result_on_del(net.cni_version):
+            try:
+                cached = self._cached_result(net, rt)
+            except CNIError:
+                self.cache.delete(net.name, rt.container_id, rt.ifname)
+                cached = None
+            prev = None if cached is None else cached.to_json()
+        failures = self._delete_plugins(net, net.plugins, rt, prev, best_effort=best_effort)
+        if failures:
+            raise failures[0] if len(failures) == 1 else MultiError(failures)
+        try:
+            self.cache.delete(net.name, rt.container_id, rt.ifname)
+        except CacheError:
+            pass
+
+    # -- CHECK ---------------------------------------------------------------------------
+
+    def check_network_list(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
+        """CHECK every plugin in order against the cached result (needs ≥ 0.4.0)."""
+        if not _version.supports_check(net.cni_version):
+            raise VersionError(f'configuration version "{net.cni_version}" does not support the CHECK command')
+        if net.disable_check:
+            return
+        with self.cache.network_lock(net.name, exclusive=False), self.cache.container_lock(rt.container_id):
+            try:
+                cached = self._cached_result(net, rt)
+            except CNIError as e:
+                raise CacheError(f'failed to get network "{net.name}" cached result: {e}') from e
+            prev = None if cached is None else cached.to_json()
+            for plugin in net.plugins:
+                config = self._config(net, plugin, prev_result=prev, capability_args=rt.capability_args)
+                self._run(plugin, "CHECK", config, rt)
+
+    # -- GC ------------------------------------------------------------------------------
+
+    def gc_network_list(self, net: NetworkConfigList, valid_attachments: Iterable[Attachment] | None = None) -> None:
+        """DEL cached attachments of this network not in ``valid_attachments`` (all of them when
+        ``None``), then send GC to every plugin (≥ 1.1.0). Runs exclusively of ADD/DEL on the
+        network; every failure is collected and raised together.
+        """
+        if net.disable_gc:
+            return
+        valid = None if valid_attachments is None else list(valid_attachments)
+        keep = {(a.container_id, a.ifname) for a in valid or ()}
+        failures: list[CNIError] = []
+        with self.cache.network_lock(net.name, exclusive=True):
+            for entry in self.cache.attachments():
+                if entry.network != net.name or (entry.container_id, entry.ifname) in keep:
+                    continue
+                rt = RuntimeConf(
+                    container_id=entry.container_id,
+                    netns=entry.netns,
+                    ifname=entry.ifname,
+                    args=entry.cni_args,
+                    capability_args=dict(entry.capability_args),
+                )
+                try:
+                    with self.cache.container_lock(rt.container_id):
+                        self._delete_locked(net, rt, best_effort=False)
+                except CNIError as e:
+                    failures.append(e.with_context(f"failed to delete stale attachment {rt.container_id} {rt.ifname}"))
+            if _version.supports_gc(net.cni_version):
+                for plugin in net.plugins:
+                    config = self._config(net, plugin, valid_attachments=valid, gc=True)
+                    try:
+                        self._run(plugin, "GC", config, None)
+                    except CNIError as e:
+                        failures.append(e.with_context(f"failed to GC plugin {plugin.type}"))
+        if failures:
+            raise failures[0] if len(failures) == 1 else MultiError(failures)
+
+    # -- STATUS --------------------------------------------------------------------------
+
+    def get_status_network_list(self, net: NetworkConfigList) -> None:
+        """STATUS every plugin (≥ 1.1.0, else a no-op); the first error keeps its code (50/51)."""
+        if not _version.supports_status(net.cni_version):
+            return
+        for plugin in net.plugins:
+            self._run(plugin, "STATUS", self._config(net, plugin), None)
+
+    # -- validation and versions -----------------------------------------------------------
+
+    def get_version_info(self, plugin_type: str) -> VersionInfo:
+        return self._in_host(self.backend.version_info, plugin_type, self.path)
+
+    def validate_network_list(self, net: NetworkConfigList) -> list[str]:
+        """Every plugin must exist and support the list's version; returns enabled capabilities."""
+        failures: list[CNIError] = []
+        caps: list[str] = []
+        wanted = net.cni_version or "0.1.0"
+        for plugin in net.plugins:
+            try:
+                self.backend.find(plugin.type, self.path)
+                info = self.get_version_info(plugin.type)
+                if wanted not in info.supported_versions:
+                    raise VersionError(
+                        f'plugin {plugin.type} does not support config version "{net.cni_version}"',
+                        f"plugin supports {list(info.supported_versions)}",
+                    )
+            except CNIError as e:
+                failures.append(e)
+                continue
+            caps.extend(c for c in plugin.capabilities if c not in caps)
+        if failures:
+            raise MultiError(failures)
+        return caps
+
+    # -- single-plugin variants (libcni AddNetwork & co.) ------------------------------------
+
+    def add_network(self, conf: NetworkConfig, rt: RuntimeConf) -> AnyResult:
+        """ADD one plugin config (its own ``name``/``cniVersion``); caches the plugin's bytes."""
+        net = conflist_from_conf(conf)
+        with self.cache.network_lock(net.name, exclusive=False), self.cache.container_lock(rt.container_id):
+            try:
+                result = self._add_one(net, net.plugins[0], rt, None)
+            except CNIError as e:
+                raise e.with_context(_describe(net.plugins[0], "add")) from e
+            self._write_cache(net, rt, result, conf.bytes)
+            return result
+
+    def check_network(self, conf: NetworkConfig, rt: RuntimeConf) -> None:
+        self.check_network_list(attrs.evolve(conflist_from_conf(conf), disable_check=False), rt)
+
+    def delete_network(self, conf: NetworkConfig, rt: RuntimeConf) -> None:
+        self.delete_network_list(conflist_from_conf(conf), rt)
+
+    def get_status_network(self, conf: NetworkConfig) -> None:
+        self.get_status_network_list(conflist_from_conf(conf))
+
+    def validate_network(self, conf: NetworkConfig) -> list[str]:
+        return self.validate_network_list(conflist_from_conf(conf))

@@ -1,0 +1,179 @@
+"""Config loading as libcni's conf.go: formats, order, drop-ins, versions, and errors naming files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pycni import config
+from pycni.errors import ConfigError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
+
+
+def write(path, data):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def conflist(name="net", version="1.0.0", plugins=None, **extra):
+    return {"cniVersion": version, "name": name, "plugins": plugins or [{"type": "bridge"}], **extra}
+
+
+class TestConflistParsing:
+    def test_minimal_list(self):
+        net = config.conflist_from_bytes(json.dumps(conflist()))
+        assert (net.name, net.cni_version, [p.type for p in net.plugins]) == ("net", "1.0.0", ["bridge"])
+
+    def test_unknown_keys_and_big_integers_are_preserved_exactly(self):
+        raw = b'{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"x","big":18446744073709551617,"f":1.5,"o":{"k":[1]}}]}'
+        plugin = config.conflist_from_bytes(raw).plugins[0]
+        assert plugin.raw["big"] == 18446744073709551617 and isinstance(plugin.raw["big"], int)
+        assert plugin.raw["f"] == 1.5 and plugin.raw["o"] == {"k": [1]}
+
+    def test_original_bytes_are_kept_for_the_cache(self):
+        raw = json.dumps(conflist(), indent=3).encode()
+        assert config.conflist_from_bytes(raw).bytes == raw
+
+    @pytest.mark.parametrize(
+        "doc, message",
+        [
+            ("{", "error parsing configuration list: "),
+            ('{"cniVersion":"1.0.0","plugins":[{"type":"x"}]}', "error parsing configuration list: no name"),
+            ('{"name":3,"plugins":[{"type":"x"}]}', "invalid name type int"),
+            ('{"name":"n","cniVersion":1,"plugins":[{"type":"x"}]}', "invalid cniVersion type"),
+            ('{"name":"n","plugins":{}}', "invalid 'plugins' type dict"),
+            ('{"name":"n","plugins":[]}', "no plugins in list"),
+            ('{"name":"n","plugins":[{"a":1}]}', "failed to parse plugin config 0: error parsing configuration: missing 'type'"),
+            ('{"name":"n","plugins":[{"type":"a/b"}]}', "invalid plugin type"),
+            ('{"name":"n","plugins":[5]}', "failed to parse plugin config 0"),
+            ('{"name":"n"}', "no plugin configs found"),
+            ('{"name":"n","loadOnlyInlinedPlugins":true}', "`loadOnlyInlinedPlugins` is true, and no 'plugins' key"),
+            ('{"name":"n","plugins":[{"type":"x"}],"disableCheck":"yes"}', "invalid value 'yes' for disableCheck"),
+            ('{"name":"n","plugins":[{"type":"x"}],"disableGC":1}', "invalid type for disableGC"),
+            ('{"name":"n","plugins":[{"type":"x"}],"cniVersions":"1.0.0"}', "invalid cniVersions type"),
+            ('{"name":"n","plugins":[{"type":"x"}],"cniVersions":["1.0.f"]}', "invalid cniVersions entry"),
+            ('[1]', "expected a JSON object"),
+            ('{"name":"n","plugins":[{"type":"x","n":NaN}]}', "invalid number literal NaN"),
+            ('{"name":"n","plugins":[{"type":"x","n":1e999}]}', "out of range"),
+        ],
+    )
+    def test_malformed_lists_name_the_file_and_the_problem(self, tmp_path, doc, message):
+        path = write(tmp_path / "bad.conflist", doc)
+        with pytest.raises(ConfigError) as e:
+            config.conflist_from_file(str(path))
+        assert message in str(e.value)
+        assert str(e.value).startswith(str(path))
+
+    def test_non_utf8_file(self, tmp_path):
+        path = tmp_path / "bad.conflist"
+        path.write_bytes(b'{"name":"\xff"}')
+        with pytest.raises(ConfigError, match="invalid UTF-8"):
+            config.conflist_from_file(str(path))
+
+    def test_deep_nesting_is_an_error_not_a_crash(self):
+        with pytest.raises(ConfigError, match="nesting too deep"):
+            config.conflist_from_bytes("[" * 100000 + "]" * 100000)
+
+    @pytest.mark.parametrize("value, expected", [(True, True), ("TRUE", True), ("false", False), (False, False)])
+    def test_flags_accept_bool_or_true_false_strings(self, value, expected):
+        for key, attr in (("disableCheck", "disable_check"), ("disableGC", "disable_gc")):
+            net = config.conflist_from_bytes(json.dumps(conflist(**{key: value})))
+            assert getattr(net, attr) is expected
+
+
+class TestVersionSelection:
+    @pytest.mark.parametrize(
+        "version, versions, expected",
+        [
+            ("", ["1.1.0", "0.4.0", "1.0.0"], "1.1.0"),
+            ("", ["99.0.0", "1.1.0", "0.4.0"], "1.1.0"),
+            ("1.2.3", None, "1.2.3"),
+            ("1.0.0", ["0.1.0", "0.4.0"], "1.0.0"),
+            ("", [], ""),
+            ("garbage", None, "garbage"),
+            ("2.0.0", ["0.4.0"], "0.4.0"),
+        ],
+    )
+    def test_highest_supported_of_cniversion_and_cniversions(self, version, versions, expected):
+        doc = {"name": "n", "plugins": [{"type": "x"}], "cniVersion": version}
+        if versions is not None:
+            doc["cniVersions"] = versions
+        assert config.conflist_from_bytes(json.dumps(doc)).cni_version == expected
+
+
+class TestSingleConf:
+    def test_upconverted_to_a_one_plugin_list(self):
+        conf = config.conf_from_bytes(b'{"cniVersion":"0.4.0","name":"single","type":"bridge","bridge":"br9"}')
+        net = config.conflist_from_conf(conf)
+        assert (net.name, net.cni_version) == ("single", "0.4.0")
+        assert net.plugins[0].raw["bridge"] == "br9"
+
+    def test_missing_type(self, tmp_path):
+        path = write(tmp_path / "x.conf", {"name": "n"})
+        with pytest.raises(ConfigError, match="missing 'type'"):
+            config.conf_from_file(str(path))
+
+
+class TestLoadConflist:
+    def test_conflists_first_in_lexical_order_then_single_confs(self, tmp_path):
+        write(tmp_path / "20-b.conflist", conflist("net", plugins=[{"type": "second"}]))
+        write(tmp_path / "10-a.conflist", conflist("net", plugins=[{"type": "first"}]))
+        write(tmp_path / "00.conf", {"name": "net", "type": "single"})
+        write(tmp_path / "05.json", {"name": "other", "type": "json-single"})
+        assert config.load_conflist(str(tmp_path), "net").plugins[0].type == "first"
+        assert config.load_conflist(str(tmp_path), "other").plugins[0].type == "json-single"
+
+    def test_a_broken_file_aborts_even_for_another_network(self, tmp_path):
+        write(tmp_path / "10.conflist", conflist("good"))
+        write(tmp_path / "05.conflist", "{")
+        with pytest.raises(ConfigError, match="05.conflist"):
+            config.load_conflist(str(tmp_path), "good")
+
+    def test_no_configs_vs_not_found(self, tmp_path):
+        with pytest.raises(NoConfigsFoundError, match="no net configurations found in"):
+            config.load_conflist(str(tmp_path / "missing"), "x")
+        write(tmp_path / "a.conflist", conflist("a"))
+        with pytest.raises(NetworkNotFoundError, match='no net configuration with name "x"'):
+            config.load_conflist(str(tmp_path), "x")
+
+    def test_drop_in_plugins_are_appended_unless_inlined_only(self, tmp_path):
+        write(tmp_path / "n.conflist", conflist("n", plugins=[{"type": "a"}]))
+        write(tmp_path / "n" / "20-c.conf", {"type": "c"})
+        write(tmp_path / "n" / "10-b.conf", {"type": "b"})
+        write(tmp_path / "n" / "ignored.json", {"type": "z"})
+        net = config.load_conflist(str(tmp_path), "n")
+        assert [p.type for p in net.plugins] == ["a", "b", "c"]
+        assert b'"b"' not in net.bytes
+        write(tmp_path / "n.conflist", conflist("n", plugins=[{"type": "a"}], loadOnlyInlinedPlugins=True))
+        assert [p.type for p in config.load_conflist(str(tmp_path), "n").plugins] == ["a"]
+
+    def test_drop_ins_alone_make_a_network(self, tmp_path):
+        write(tmp_path / "n.conflist", {"cniVersion": "1.0.0", "name": "n"})
+        write(tmp_path / "n" / "a.conf", {"type": "a"})
+        assert [p.type for p in config.load_conflist(str(tmp_path), "n").plugins] == ["a"]
+
+    @pytest.mark.parametrize("name", ["../etc", "a/b", "", ".hidden", "-x", "a\nb"])
+    def test_hostile_network_names_are_refused_before_touching_a_path(self, tmp_path, name):
+        with pytest.raises(InvalidArgumentError):
+            config.load_conflist(str(tmp_path), name)
+
+    def test_hostile_name_inside_a_file_is_refused_for_drop_ins(self, tmp_path):
+        write(tmp_path / "x.conflist", conflist("../../etc"))
+        with pytest.raises(ConfigError, match="invalid characters"):
+            config.conflist_from_file(str(tmp_path / "x.conflist"))
+
+    def test_conf_files_skips_directories_and_other_extensions(self, tmp_path):
+        write(tmp_path / "b.conf", {})
+        write(tmp_path / "a.conflist", {})
+        (tmp_path / "d.conf").mkdir()
+        write(tmp_path / "c.txt", {})
+        names = [p.rsplit("/", 1)[1] for p in config.conf_files(str(tmp_path), (".conf", ".conflist"))]
+        assert names == ["a.conflist", "b.conf"]
+
+    def test_list_networks_first_file_of_a_name_wins(self, tmp_path):
+        write(tmp_path / "1.conflist", conflist("a", plugins=[{"type": "first"}]))
+        write(tmp_path / "2.conflist", conflist("a", plugins=[{"type": "second"}]))
+        write(tmp_path / "3.conf", {"name": "b", "type": "s"})
+        nets = config.list_networks(str(tmp_path))
+        assert [(n.name, n.plugins[0].type) for n in nets] == [("a", "first"), ("b", "s")]
