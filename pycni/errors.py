@@ -92,10 +92,10 @@ class CNIError(Exception):
 
     def with_context(self, context: str) -> CNIError:
         """Return this error with ``context`` prepended (the original object is left alone)."""
-        new = object.__new__(type(self))
+        new = type(self).__new__(type(self))
         new.__dict__.update(self.__dict__)
         new.context = f"{context}: {self.context}" if self.context else context
-        Exception.__init__(new, str(new))
+        new.args = (str(new),)
         return new
 
     def to_json(self, cni_version: str | None = None) -> dict[str, Any]:

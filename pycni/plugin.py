@@ -156,18 +156,31 @@ class Plugin:
 
 
 @cache
-def builtin_plugins() -> Mapping[str, Plugin]:
-    """CNI type → in-process plugin instance, from the ``pycni.plugins`` entry points."""
+def _entry_points() -> dict[str, Any]:
     from importlib.metadata import entry_points
 
-    found: dict[str, Plugin] = {}
+    found: dict[str, Any] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep.load()())
+        found.setdefault(ep.name, ep)
     return found
 
 
+@cache
 def builtin_plugin(plugin_type: str) -> Plugin | None:
-    return builtin_plugins().get(plugin_type)
+    """The in-process plugin for a CNI type (loaded on first use), or ``None``."""
+    ep = _entry_points().get(plugin_type)
+    if ep is None:
+        return None
+    try:
+        return ep.load()()
+    except ImportError:
+        return None
+
+
+def builtin_plugins() -> dict[str, Plugin]:
+    """Every in-process plugin that loads, by CNI type."""
+    loaded = {name: builtin_plugin(name) for name in sorted(_entry_points())}
+    return {name: plugin for name, plugin in loaded.items() if plugin is not None}
 
 
 def delegate(

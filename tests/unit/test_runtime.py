@@ -1,0 +1,402 @@
+"""Runtime semantics (libcni api.go) against scriptable fake plugins, and pycni's extras."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from pycni.config import conflist_from_bytes
+from pycni.errors import (
+    CacheError,
+    CNIError,
+    InvalidArgumentError,
+    MultiError,
+    PluginError,
+    PluginNotFoundError,
+    PluginTimeoutError,
+    VersionError,
+)
+from pycni.plugin import Plugin
+from pycni.request import Attachment, RuntimeConf
+from pycni.runtime import Runtime
+from tests.helpers.fake import alive
+
+RT = RuntimeConf(container_id="ctr1", netns="/run/netns/ctr1", ifname="eth0", args=[("K", "V")])
+
+
+@pytest.fixture
+def runtime(fake_plugins, tmp_path):
+    return Runtime([str(fake_plugins.dir)], cache_dir=str(tmp_path / "cache"), backend="exec")
+
+
+def net(fakes, *plugins, **kw):
+    return conflist_from_bytes(fakes.conflist(*plugins, **kw))
+
+
+def stdin_of(calls, command, type_=None):
+    return [c["stdin"] for c in calls if c["env"]["CNI_COMMAND"] == command and (type_ is None or c["type"] == type_)]
+
+
+class TestAdd:
+    def test_plugins_run_in_order_each_getting_the_previous_result(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), fake_plugins.plugin("fake-b", ADD={"echo_prev": True}))
+        result = runtime.add_network_list(n, RT)
+        calls = fake_plugins.calls()
+        assert [c["type"] for c in calls] == ["fake-a", "fake-b"]
+        assert "prevResult" not in calls[0]["stdin"]
+        assert calls[1]["stdin"]["prevResult"] == result.to_json()
+        assert all(c["stdin"]["name"] == "testnet" and c["stdin"]["cniVersion"] == "1.1.0" for c in calls)
+
+    def test_runtime_config_from_capability_args(self, runtime, fake_plugins):
+        plugin = fake_plugins.plugin("fake-a") | {"capabilities": {"portMappings": True}}
+        rt = RuntimeConf("ctr1", "/run/netns/x", capability_args={"portMappings": [{"hostPort": 1}], "dns": {}})
+        runtime.add_network_list(net(fake_plugins, plugin), rt)
+        assert fake_plugins.calls()[0]["stdin"]["runtimeConfig"] == {"portMappings": [{"hostPort": 1}]}
+
+    def test_stops_at_first_error_wrapped_with_plugin_type_and_writes_no_cache(self, runtime, fake_plugins):
+        n = net(
+            fake_plugins,
+            fake_plugins.plugin("fake-a"),
+            fake_plugins.plugin("fake-b", ADD={"error": {"code": 11, "msg": "later"}}) | {"name": "second"},
+            fake_plugins.plugin("fake-c"),
+        )
+        with pytest.raises(PluginError) as e:
+            runtime.add_network_list(n, RT)
+        assert str(e.value) == 'plugin type="fake-b" name="second" failed (add): later'
+        assert e.value.code == 11
+        assert [c["type"] for c in fake_plugins.calls()] == ["fake-a", "fake-b"]
+        assert runtime.cache.read("testnet", "ctr1", "eth0") is None
+
+    def test_missing_plugin_is_reported_before_validation(self, runtime, fake_plugins):
+        n = net(fake_plugins, {"type": "absent"})
+        with pytest.raises(PluginNotFoundError, match='failed to find plugin "absent"'):
+            runtime.add_network_list(n, RuntimeConf(container_id="bad/id"))
+
+    @pytest.mark.parametrize(
+        "rt, message",
+        [
+            (RuntimeConf(container_id=""), "missing containerID"),
+            (RuntimeConf(container_id="-bad"), "invalid characters in containerID"),
+            (RuntimeConf(container_id="ok", ifname="toolonginterface0"), "interface name is too long"),
+        ],
+    )
+    def test_validation_before_any_exec(self, runtime, fake_plugins, rt, message):
+        with pytest.raises(InvalidArgumentError, match=message):
+            runtime.add_network_list(net(fake_plugins, fake_plugins.plugin("fake-a")), rt)
+        assert fake_plugins.calls() == []
+
+    def test_network_name_validated(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), name="bad name")
+        with pytest.raises(CNIError, match="invalid characters found in network name"):
+            runtime.add_network_list(n, RT)
+
+    def test_result_is_returned_unconverted_and_empty_version_fixed_up(self, runtime, fake_plugins):
+        old = {"cniVersion": "0.3.1", "ips": [{"version": "4", "address": "198.18.0.9/24"}]}
+        r = runtime.add_network_list(net(fake_plugins, fake_plugins.plugin("fake-a", ADD={"result": old})), RT)
+        assert r.cni_version == "0.3.1"
+        unversioned = {"ips": [{"address": "198.18.0.9/24"}]}
+        r = runtime.add_network_list(
+            net(fake_plugins, fake_plugins.plugin("fake-a", ADD={"result": unversioned})), RT
+        )
+        assert r.cni_version == "1.1.0"
+
+    def test_cache_written_after_success(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"))
+        result = runtime.add_network_list(n, RT)
+        entry = runtime.cache.read("testnet", "ctr1", "eth0")
+        assert entry.result == result.to_json() and entry.config == n.bytes
+        assert entry.netns == RT.netns and entry.cni_args == (("K", "V"),)
+
+    def test_cache_write_failure_is_reported(self, runtime, fake_plugins, tmp_path):
+        os.makedirs(tmp_path / "cache")
+        (tmp_path / "cache" / "results").write_text("blocked")
+        with pytest.raises(CacheError, match='failed to set network "testnet" cached result'):
+            runtime.add_network_list(net(fake_plugins, fake_plugins.plugin("fake-a")), RT)
+
+    def test_rollback_deletes_what_ran_in_reverse(self, runtime, fake_plugins):
+        n = net(
+            fake_plugins,
+            fake_plugins.plugin("fake-a"),
+            fake_plugins.plugin("fake-b"),
+            fake_plugins.plugin("fake-c", ADD={"error": {"code": 5, "msg": "nope"}}),
+        )
+        with pytest.raises(PluginError, match="nope"):
+            runtime.add_network_list(n, RT, rollback=True)
+        order = [(c["type"], c["env"]["CNI_COMMAND"]) for c in fake_plugins.calls()]
+        assert order == [
+            ("fake-a", "ADD"), ("fake-b", "ADD"), ("fake-c", "ADD"),
+            ("fake-c", "DEL"), ("fake-b", "DEL"), ("fake-a", "DEL"),
+        ]
+
+
+class TestDel:
+    def test_reverse_order_with_cached_result_converted_to_list_version(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), fake_plugins.plugin("fake-b"), version="0.4.0")
+        result = runtime.add_network_list(n, RT)
+        runtime.delete_network_list(n, RT)
+        dels = [c for c in fake_plugins.calls() if c["env"]["CNI_COMMAND"] == "DEL"]
+        assert [c["type"] for c in dels] == ["fake-b", "fake-a"]
+        assert all(c["stdin"]["prevResult"] == result.to_json() for c in dels)
+        assert runtime.cache.read("testnet", "ctr1", "eth0") is None
+
+    def test_old_versions_get_no_prev_result(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), version="0.3.1")
+        runtime.add_network_list(n, RT)
+        runtime.delete_network_list(n, RT)
+        assert "prevResult" not in stdin_of(fake_plugins.calls(), "DEL")[0]
+
+    def test_corrupt_cache_is_removed_and_del_proceeds(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"))
+        runtime.add_network_list(n, RT)
+        with open(runtime.cache.path("testnet", "ctr1", "eth0"), "w") as f:
+            f.write("")
+        runtime.delete_network_list(n, RT)
+        assert "prevResult" not in stdin_of(fake_plugins.calls(), "DEL")[0]
+        assert not os.path.exists(runtime.cache.path("testnet", "ctr1", "eth0"))
+
+    def test_plugin_failure_keeps_the_cache_for_a_retry(self, runtime, fake_plugins):
+        failing = net(fake_plugins, fake_plugins.plugin("fake-a", DEL={"error": {"code": 11, "msg": "busy"}}))
+        runtime.add_network_list(failing, RT)
+        with pytest.raises(PluginError, match=r'plugin type="fake-a" failed \(delete\): busy'):
+            runtime.delete_network_list(failing, RT)
+        assert runtime.cache.read("testnet", "ctr1", "eth0") is not None
+
+    def test_repeated_del_succeeds(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"))
+        runtime.delete_network_list(n, RT)
+        runtime.add_network_list(n, RT)
+        runtime.delete_network_list(n, RT)
+        runtime.delete_network_list(n, RT)
+
+    def test_best_effort_runs_every_plugin_and_reports_all(self, runtime, fake_plugins):
+        n = net(
+            fake_plugins,
+            fake_plugins.plugin("fake-a", DEL={"error": {"code": 1, "msg": "a broke"}}),
+            fake_plugins.plugin("fake-b"),
+            fake_plugins.plugin("fake-c", DEL={"error": {"code": 2, "msg": "c broke"}}),
+        )
+        with pytest.raises(MultiError) as e:
+            runtime.delete_network_list(n, RT, best_effort=True)
+        assert [err.msg for err in e.value.errors] == ["c broke", "a broke"]
+        assert [c["type"] for c in fake_plugins.calls()] == ["fake-c", "fake-b", "fake-a"]
+
+    def test_list_version_parse_error_stops_before_any_plugin(self, runtime, fake_plugins):
+        with pytest.raises(VersionError):
+            runtime.delete_network_list(net(fake_plugins, fake_plugins.plugin("fake-a"), version="x.y"), RT)
+        assert fake_plugins.calls() == []
+
+
+class TestCheck:
+    def test_refused_below_0_4_0_even_with_disable_check(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), version="0.3.1", disableCheck=True)
+        with pytest.raises(VersionError, match='configuration version "0.3.1" does not support the CHECK command'):
+            runtime.check_network_list(n, RT)
+
+    def test_disable_check_runs_nothing(self, runtime, fake_plugins):
+        runtime.check_network_list(net(fake_plugins, fake_plugins.plugin("fake-a"), disableCheck="true"), RT)
+        assert fake_plugins.calls() == []
+
+    def test_forward_order_with_cached_result(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), fake_plugins.plugin("fake-b"))
+        result = runtime.add_network_list(n, RT)
+        runtime.check_network_list(n, RT)
+        checks = [c for c in fake_plugins.calls() if c["env"]["CNI_COMMAND"] == "CHECK"]
+        assert [c["type"] for c in checks] == ["fake-a", "fake-b"]
+        assert all(c["stdin"]["prevResult"] == result.to_json() for c in checks)
+
+    def test_missing_cache_runs_without_prev_result(self, runtime, fake_plugins):
+        runtime.check_network_list(net(fake_plugins, fake_plugins.plugin("fake-a")), RT)
+        assert "prevResult" not in stdin_of(fake_plugins.calls(), "CHECK")[0]
+
+    def test_corrupt_cache_is_an_error(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"))
+        runtime.add_network_list(n, RT)
+        with open(runtime.cache.path("testnet", "ctr1", "eth0"), "w") as f:
+            f.write("{")
+        with pytest.raises(CacheError, match='failed to get network "testnet" cached result'):
+            runtime.check_network_list(n, RT)
+
+    def test_plugin_error_is_unwrapped_with_its_code(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a", CHECK={"error": {"code": 123, "msg": "drifted"}}))
+        with pytest.raises(PluginError) as e:
+            runtime.check_network_list(n, RT)
+        assert (e.value.code, str(e.value)) == (123, "drifted")
+
+
+class TestGC:
+    def test_disable_gc_is_a_no_op(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), disableGC=True)
+        runtime.add_network_list(n, RT)
+        runtime.gc_network_list(n, [])
+        assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()] == ["ADD"]
+
+    def test_stale_attachments_deleted_with_cached_parameters_valid_ones_kept(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"))
+        other = net(fake_plugins, fake_plugins.plugin("fake-b"), name="othernet")
+        runtime.add_network_list(n, RT)
+        runtime.add_network_list(n, RuntimeConf("keep", "/run/netns/keep", args=[("X", "1")]))
+        runtime.add_network_list(other, RuntimeConf("elsewhere", "/run/netns/e"))
+        runtime.gc_network_list(n, [Attachment("keep", "eth0")])
+        dels = [c for c in fake_plugins.calls() if c["env"]["CNI_COMMAND"] == "DEL"]
+        assert [(c["env"]["CNI_CONTAINERID"], c["env"]["CNI_NETNS"], c["env"]["CNI_ARGS"]) for c in dels] == [
+            ("ctr1", "/run/netns/ctr1", "K=V")
+        ]
+        gcs = [c for c in fake_plugins.calls() if c["env"]["CNI_COMMAND"] == "GC"]
+        assert len(gcs) == 1
+        assert gcs[0]["stdin"]["cni.dev/valid-attachments"] == [{"containerID": "keep", "ifname": "eth0"}]
+        assert gcs[0]["stdin"]["cni.dev/attachments"] == [{"containerID": "keep", "ifname": "eth0"}]
+        assert all(gcs[0]["env"][k] == "" for k in ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS"))
+        assert sorted(a.container_id for a in runtime.get_cached_attachments()) == ["elsewhere", "keep"]
+
+    def test_plugin_gc_only_from_1_1_0_but_stale_dels_always(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), version="0.4.0")
+        runtime.add_network_list(n, RT)
+        runtime.gc_network_list(n, None)
+        assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()] == ["ADD", "DEL"]
+
+    def test_errors_are_collected_and_every_plugin_still_called(self, runtime, fake_plugins):
+        n = net(
+            fake_plugins,
+            fake_plugins.plugin("fake-a", GC={"error": {"code": 1, "msg": "a"}}),
+            fake_plugins.plugin("fake-b", GC={"error": {"code": 2, "msg": "b"}}),
+        )
+        with pytest.raises(MultiError) as e:
+            runtime.gc_network_list(n, [])
+        assert [str(x) for x in e.value.errors] == ["failed to GC plugin fake-a: a", "failed to GC plugin fake-b: b"]
+
+
+class TestStatus:
+    def test_no_op_below_1_1_0(self, runtime, fake_plugins):
+        runtime.get_status_network_list(net(fake_plugins, fake_plugins.plugin("fake-a"), version="1.0.0"))
+        assert fake_plugins.calls() == []
+
+    def test_stops_at_first_error_keeping_code_50(self, runtime, fake_plugins):
+        n = net(
+            fake_plugins,
+            fake_plugins.plugin("fake-a", STATUS={"error": {"code": 50, "msg": "not ready"}}),
+            fake_plugins.plugin("fake-b"),
+        )
+        with pytest.raises(PluginError) as e:
+            runtime.get_status_network_list(n)
+        assert e.value.code == 50 and str(e.value) == "not ready"
+        assert [c["type"] for c in fake_plugins.calls()] == ["fake-a"]
+
+
+class TestTimeouts:
+    def test_hung_plugin_times_out_and_is_really_gone(self, fake_plugins, tmp_path):
+        runtime = Runtime([str(fake_plugins.dir)], cache_dir=str(tmp_path / "c"), backend="exec", timeout=0.5)
+        with pytest.raises(PluginTimeoutError, match="timed out"):
+            runtime.add_network_list(net(fake_plugins, fake_plugins.plugin("fake-a", ADD={"sleep": 60})), RT)
+        assert fake_plugins.pids() and not any(alive(p) for p in fake_plugins.pids())
+
+
+class TestValidate:
+    def test_collects_every_problem(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), {"type": "absent"}, version="0.2.0")
+        with pytest.raises(MultiError) as e:
+            runtime.validate_network_list(n)
+        assert len(e.value.errors) == 2
+        assert "does not support config version" in str(e.value.errors[0])
+
+    def test_returns_capabilities(self, runtime, fake_plugins):
+        plugin = fake_plugins.plugin("fake-a") | {"capabilities": {"portMappings": True, "x": False}}
+        assert runtime.validate_network_list(net(fake_plugins, plugin)) == ["portMappings"]
+
+
+class TestCachedAccessors:
+    def test_cached_config_restores_args_and_capabilities(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"))
+        rt = RuntimeConf("ctr1", "/run/netns/x", args=[("A", "1")], capability_args={"portMappings": [1]})
+        runtime.add_network_list(n, rt)
+        data, new_rt = runtime.get_network_list_cached_config(n, RuntimeConf("ctr1", "/other"))
+        assert data == n.bytes and new_rt.args == (("A", "1"),) and new_rt.capability_args == {"portMappings": [1]}
+        assert new_rt.netns == "/other"
+
+    def test_cached_result_converted_to_list_version(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), version="0.4.0")
+        runtime.add_network_list(n, RT)
+        assert runtime.get_network_list_cached_result(n, RT).cni_version == "0.4.0"
+
+
+class Recorder(Plugin):
+    type = "fake-a"
+
+    def __init__(self):
+        self.seen = []
+
+    def add(self, request):
+        self.seen.append((request.command, dict(request.config), request.env()))
+        return {"cniVersion": request.cni_version, "ips": [{"address": "198.18.0.2/24"}]}
+
+    def delete(self, request):
+        self.seen.append((request.command, dict(request.config), request.env()))
+
+
+class TestBackends:
+    def test_inprocess_sees_the_same_request_as_exec(self, fake_plugins, tmp_path, monkeypatch):
+        recorder = Recorder()
+        monkeypatch.setattr("pycni.backends.builtin_plugin", lambda t: recorder if t == "fake-a" else None)
+        n = net(fake_plugins, fake_plugins.plugin("fake-a") | {"capabilities": {"portMappings": True}})
+        rt = RuntimeConf("ctr1", "/run/netns/x", capability_args={"portMappings": [{"hostPort": 80}]})
+        Runtime([str(fake_plugins.dir)], cache_dir=str(tmp_path / "a"), backend="exec").add_network_list(n, rt)
+        Runtime([str(fake_plugins.dir)], cache_dir=str(tmp_path / "b"), backend="inprocess").add_network_list(n, rt)
+        exec_call = fake_plugins.calls()[0]
+        assert recorder.seen[0][1] == exec_call["stdin"]
+        assert recorder.seen[0][2] == {k: exec_call["env"][k] for k in recorder.seen[0][2]}
+
+    def test_auto_prefers_builtin_else_exec(self, fake_plugins, tmp_path, monkeypatch):
+        recorder = Recorder()
+        monkeypatch.setattr("pycni.backends.builtin_plugin", lambda t: recorder if t == "fake-a" else None)
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), fake_plugins.plugin("fake-b"))
+        Runtime([str(fake_plugins.dir)], cache_dir=str(tmp_path / "c"), backend="auto").add_network_list(n, RT)
+        assert [s[0] for s in recorder.seen] == ["ADD"]
+        assert [c["type"] for c in fake_plugins.calls()] == ["fake-b"]
+
+    def test_inprocess_refuses_unknown_types(self, fake_plugins, tmp_path):
+        runtime = Runtime([str(fake_plugins.dir)], cache_dir=str(tmp_path / "c"), backend="inprocess")
+        with pytest.raises(PluginNotFoundError, match="not built in"):
+            runtime.add_network_list(net(fake_plugins, {"type": "nothing-like-this"}), RT)
+
+    def test_inprocess_crash_becomes_error_999(self, fake_plugins, tmp_path, monkeypatch):
+        class Crashy(Plugin):
+            def add(self, request):
+                raise KeyError("oops")
+
+        monkeypatch.setattr("pycni.backends.builtin_plugin", lambda t: Crashy())
+        runtime = Runtime([], cache_dir=str(tmp_path / "c"), backend="inprocess")
+        with pytest.raises(PluginError) as e:
+            runtime.add_network_list(net(fake_plugins, {"type": "x"}), RT)
+        assert e.value.code == 999
+
+    def test_backend_from_environment(self, monkeypatch, tmp_path):
+        monkeypatch.setenv("PYCNI_BACKEND", "exec")
+        assert Runtime([], cache_dir=str(tmp_path)).backend.name == "exec"
+        with pytest.raises(InvalidArgumentError):
+            Runtime([], cache_dir=str(tmp_path), backend="warp")
+
+
+class TestLocking:
+    def test_operations_on_one_container_serialise_across_threads(self, runtime, fake_plugins):
+        slow = net(fake_plugins, fake_plugins.plugin("fake-a", ADD={"sleep": 0.4}))
+        fast = net(fake_plugins, fake_plugins.plugin("fake-b"), name="net2")
+        done: dict[str, float] = {}
+        start = time.monotonic()
+
+        def run(n, rt, key):
+            runtime.add_network_list(n, rt)
+            done[key] = time.monotonic() - start
+
+        t1 = threading.Thread(target=run, args=(slow, RT, "slow"))
+        t1.start()
+        time.sleep(0.1)
+        t2 = threading.Thread(target=run, args=(fast, RT, "same"))
+        t3 = threading.Thread(target=run, args=(fast, RuntimeConf("other"), "other"))
+        t2.start()
+        t3.start()
+        for t in (t1, t2, t3):
+            t.join(10)
+        assert done["other"] < done["slow"] <= done["same"]
