@@ -18,7 +18,7 @@ from .. import _json, config
 from ..errors import CNIError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
 from ..plugin import parse_cni_args
 
-__all__ = ["COMMANDS", "container_id_for", "load_network", "DEFAULT_NETWORK"]
+__all__ = ["COMMANDS", "container_id_for", "load_network", "embedded_network", "DEFAULT_NETWORK"]
 
 DEFAULT_CONF_DIR = "/etc/cni/net.d"
 DEFAULT_NETWORK = "nomad"
@@ -36,9 +36,14 @@ def load_network(conf_dir: str, name: str) -> config.NetworkConfigList:
     except (NoConfigsFoundError, NetworkNotFoundError):
         if name != DEFAULT_NETWORK:
             raise
-    from ..nomad.conflist import default_conflist_bytes
+    return config.conflist_from_bytes(embedded_network(), source="<embedded nomad network>")
 
-    return config.conflist_from_bytes(default_conflist_bytes(), source="<embedded nomad network>")
+
+def embedded_network() -> bytes:
+    """Nomad's default bridge conflist (nomad, 172.26.64.0/20, loopback/bridge/firewall/portmap)."""
+    from ..nomad.conflist import BridgeConfig, bridge_conflist
+
+    return bridge_conflist(BridgeConfig().with_defaults())
 
 
 def _runtime(opts: dict[str, Any]):
