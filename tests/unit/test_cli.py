@@ -1,0 +1,140 @@
+"""The cnitool-compatible CLI: env handling, container ID derivation, output, errors and exit codes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from pycni.cli import cli
+from pycni.cli.runtime_commands import container_id_for
+
+
+@pytest.fixture
+def env(fake_plugins, tmp_path):
+    confdir = tmp_path / "net.d"
+    confdir.mkdir()
+    (confdir / "10-test.conflist").write_bytes(
+        fake_plugins.conflist(
+            fake_plugins.plugin("fake-a") | {"capabilities": {"portMappings": True}}, fake_plugins.plugin("fake-b")
+        )
+    )
+    return {
+        "NETCONFPATH": str(confdir),
+        "CNI_PATH": str(fake_plugins.dir),
+        "PYCNI_CACHE_DIR": str(tmp_path / "cache"),
+        "PYCNI_BACKEND": "exec",
+    }
+
+
+def run(args, env, **kw):
+    return CliRunner().invoke(cli, args, env=env, catch_exceptions=False, **kw)
+
+
+def test_container_id_is_derived_like_cnitool():
+    digest = hashlib.sha512(b"/run/netns/x").hexdigest()
+    assert container_id_for("/run/netns/x") == "cnitool-" + digest[:20]
+
+
+def test_add_prints_the_result_indented_without_trailing_newline(env, fake_plugins):
+    out = run(["add", "testnet", "/run/netns/x"], env)
+    assert out.exit_code == 0, out.output
+    assert not out.output.endswith("\n") and out.output.startswith("{\n    ")
+    assert json.loads(out.output)["ips"][0]["address"] == "198.18.0.2/24"
+    call = fake_plugins.calls()[0]["env"]
+    assert call["CNI_CONTAINERID"] == container_id_for("/run/netns/x")
+    assert call["CNI_IFNAME"] == "eth0" and call["CNI_NETNS"] == "/run/netns/x"
+
+
+def test_environment_is_honoured_and_options_override_it(env, fake_plugins):
+    env = env | {"CNI_IFNAME": "net1", "CNI_ARGS": "A=1;B=2", "CAP_ARGS": '{"portMappings":[{"hostPort":1}]}'}
+    assert run(["add", "testnet", "/run/netns/x"], env).exit_code == 0
+    first = fake_plugins.calls()[0]
+    assert (first["env"]["CNI_IFNAME"], first["env"]["CNI_ARGS"]) == ("net1", "A=1;B=2")
+    assert first["stdin"]["runtimeConfig"] == {"portMappings": [{"hostPort": 1}]}
+    out = run(["add", "testnet", "/run/netns/y", "--ifname", "eth7", "--container-id", "mine", "--args", "C=3"], env)
+    assert out.exit_code == 0
+    last = fake_plugins.calls()[-1]["env"]
+    assert (last["CNI_IFNAME"], last["CNI_CONTAINERID"], last["CNI_ARGS"]) == ("eth7", "mine", "C=3")
+
+
+def test_check_and_del_and_repeated_del(env, fake_plugins):
+    assert run(["add", "testnet", "/run/netns/x"], env).exit_code == 0
+    assert run(["check", "testnet", "/run/netns/x"], env).exit_code == 0
+    assert run(["del", "testnet", "/run/netns/x"], env).exit_code == 0
+    assert run(["del", "testnet", "/run/netns/x"], env).exit_code == 0
+    commands = [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()]
+    assert commands == ["ADD", "ADD", "CHECK", "CHECK", "DEL", "DEL", "DEL", "DEL"]
+
+
+def test_gc_without_valid_attachments_deletes_every_cached_one_like_cnitool(env, fake_plugins):
+    run(["add", "testnet", "/run/netns/x"], env)
+    run(["add", "testnet", "/run/netns/y"], env)
+    assert run(["gc", "testnet", "--valid", f"{container_id_for('/run/netns/y')}:eth0"], env).exit_code == 0
+    dels = [c["env"]["CNI_CONTAINERID"] for c in fake_plugins.calls() if c["env"]["CNI_COMMAND"] == "DEL"]
+    assert dels == [container_id_for("/run/netns/x")] * 2
+    assert run(["gc", "testnet"], env).exit_code == 0
+    dels = [c["env"]["CNI_CONTAINERID"] for c in fake_plugins.calls() if c["env"]["CNI_COMMAND"] == "DEL"]
+    assert dels[-2:] == [container_id_for("/run/netns/y")] * 2
+
+
+def test_failures_print_one_line_with_the_code_and_exit_1(env):
+    cmd = [sys.executable, "-m", "pycni.cli", "add", "nope", "/run/netns/x"]
+    proc = subprocess.run(cmd, env=env | {"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("pycni: error (code 7): ") and 'no net configuration with name "nope"' in proc.stderr
+
+
+def test_plugin_error_code_reaches_the_user(env, fake_plugins, tmp_path):
+    conf = tmp_path / "net.d" / "20-err.conflist"
+    conf.write_bytes(fake_plugins.conflist(fake_plugins.plugin("fake-a", STATUS={"error": {"code": 51, "msg": "x"}}),
+                                           name="errnet"))
+    proc = subprocess.run([sys.executable, "-m", "pycni.cli", "status", "errnet"], env=env, capture_output=True,
+                          text=True)
+    assert proc.returncode == 1 and "(code 51)" in proc.stderr
+
+
+def test_usage_errors_exit_2(env):
+    proc = subprocess.run([sys.executable, "-m", "pycni.cli", "add", "onlyone"], env=env, capture_output=True)
+    assert proc.returncode == 2
+
+
+@pytest.mark.parametrize("bad", ["A", "A=1;B", "=x"])
+def test_malformed_cni_args_are_refused(env, bad):
+    proc = subprocess.run([sys.executable, "-m", "pycni.cli", "add", "testnet", "/x"], env=env | {"CNI_ARGS": bad},
+                          capture_output=True, text=True)
+    assert proc.returncode == 1 and "invalid CNI_ARGS" in proc.stderr
+
+
+def test_version(env):
+    out = run(["version"], env)
+    assert json.loads(out.output)["cniVersion"] == "1.1.0"
+    out = run(["version", "fake-a"], env)
+    assert json.loads(out.output)["supportedVersions"][-1] == "1.1.0"
+
+
+def test_conf_list_show_validate(env, tmp_path):
+    listing = json.loads(run(["conf", "list"], env).output)
+    assert listing == [{"name": "testnet", "cniVersion": "1.1.0", "plugins": ["fake-a", "fake-b"],
+                        "source": str(tmp_path / "net.d" / "10-test.conflist")}]
+    shown = json.loads(run(["conf", "show", "testnet"], env).output)
+    assert shown["plugins"][0]["capabilities"] == {"portMappings": True}
+    valid = run(["conf", "validate", str(tmp_path / "net.d" / "10-test.conflist"), "--plugins"], env)
+    assert json.loads(valid.output)["capabilities"] == ["portMappings"]
+
+
+def test_embedded_default_network_when_conf_dir_lacks_nomad(env, tmp_path):
+    shown = json.loads(run(["conf", "show", "nomad", "--conf-dir", str(tmp_path / "empty")], env).output)
+    assert [p["type"] for p in shown["plugins"]] == ["loopback", "bridge", "firewall", "portmap"]
+    assert shown["plugins"][1]["ipam"]["ranges"] == [[{"subnet": "172.26.64.0/20"}]]
+
+
+def test_cli_does_not_import_pyroute2_for_runtime_verbs(env):
+    code = "import sys; from pycni.cli import main; sys.argv=['pycni','version']\ntry: main()\nexcept SystemExit: pass\n" \
+           "assert 'pyroute2' not in sys.modules, 'pyroute2 imported'"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
