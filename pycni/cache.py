@@ -155,6 +155,17 @@ class ResultsCache:
             reason = "is a symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
             raise CacheError(f"cannot use cache dir {path}: {reason}") from None
 
+    def ensure_writable(self) -> None:
+        """Fail now, with a clear error, if entries could not be written later."""
+        dfd = self._open_dir(self.results_dir, create=True)
+        try:
+            if not os.access(self.results_dir, os.W_OK | os.X_OK):
+                raise CacheError(f"cache dir {self.results_dir} is not writable")
+            if os.statvfs(dfd).f_flag & os.ST_RDONLY:
+                raise CacheError(f"cache dir {self.results_dir} is on a read-only filesystem")
+        finally:
+            os.close(dfd)
+
     # -- entries -------------------------------------------------------------------------
 
     def write(self, entry: CachedAttachment) -> None:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import attrs
 
 from . import netns as _netns
+from .failpoints import failpoint
 from . import version as _version
 from .backends import Backend, select_backend
 from .cache import DEFAULT_CACHE_DIR, CachedAttachment, ResultsCache
@@ -95,11 +96,15 @@ class Runtime:
         """Run every plugin's ADD in order, chaining results; cache and return the last one.
 
         Stops at the first failure. With ``rollback``, the plugins that ran (the failing one
-        included) are DEL'd in reverse before the error is raised.
+        included) are DEL'd in reverse before the error is raised. An unusable cache is reported
+        before any plugin runs; if the final cache write still fails, every plugin is DEL'd, as
+        nothing would remember the attachment otherwise.
         """
         with self.cache.network_lock(net.name, exclusive=False), self.cache.container_lock(rt.container_id):
+            self.cache.ensure_writable()
             prev: AnyResult | None = None
             for index, plugin in enumerate(net.plugins):
+                failpoint("runtime.add.before-plugin")
                 try:
                     prev = self._add_one(net, plugin, rt, prev)
                 except CNIError as e:
@@ -108,7 +113,12 @@ class Runtime:
                         self._rollback(net, net.plugins[: index + 1], rt, prev, error)
                     raise error from e
             assert prev is not None
-            self._write_cache(net, rt, prev, net.bytes)
+            failpoint("runtime.add.before-cache-write")
+            try:
+                self._write_cache(net, rt, prev, net.bytes)
+            except CacheError as e:
+                self._rollback(net, net.plugins, rt, prev, e)
+                raise
             return prev
 
     def _add_one(
@@ -206,6 +216,7 @@ class Runtime:
     ) -> list[CNIError]:
         failures: list[CNIError] = []
         for plugin in reversed(plugins):
+            failpoint("runtime.del.before-plugin")
             config = self._config(net, plugin, prev_result=prev, capability_args=rt.capability_args)
             try:
                 self._run(plugin, "DEL", config, rt)
@@ -238,6 +249,7 @@ class Runtime:
         failures = self._delete_plugins(net, net.plugins, rt, prev, best_effort=best_effort)
         if failures:
             raise failures[0] if len(failures) == 1 else MultiError(failures)
+        failpoint("runtime.del.before-cache-delete")
         try:
             self.cache.delete(net.name, rt.container_id, rt.ifname)
         except CacheError:

@@ -111,11 +111,23 @@ class TestAdd:
         assert entry.result == result.to_json() and entry.config == n.bytes
         assert entry.netns == RT.netns and entry.cni_args == (("K", "V"),)
 
-    def test_cache_write_failure_is_reported(self, runtime, fake_plugins, tmp_path):
+    def test_unusable_cache_is_reported_before_any_plugin_runs(self, runtime, fake_plugins, tmp_path):
         os.makedirs(tmp_path / "cache")
         (tmp_path / "cache" / "results").write_text("blocked")
-        with pytest.raises(CacheError, match='failed to set network "testnet" cached result'):
+        with pytest.raises(CacheError, match="cannot use cache dir"):
             runtime.add_network_list(net(fake_plugins, fake_plugins.plugin("fake-a")), RT)
+        assert fake_plugins.calls() == []
+
+    def test_failed_cache_write_rolls_every_plugin_back(self, runtime, fake_plugins, monkeypatch):
+        def broken(entry):
+            raise CacheError("disk full")
+
+        monkeypatch.setattr(runtime.cache, "write", broken)
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), fake_plugins.plugin("fake-b"))
+        with pytest.raises(CacheError, match='failed to set network "testnet" cached result: disk full'):
+            runtime.add_network_list(n, RT)
+        order = [(c["type"], c["env"]["CNI_COMMAND"]) for c in fake_plugins.calls()]
+        assert order == [("fake-a", "ADD"), ("fake-b", "ADD"), ("fake-b", "DEL"), ("fake-a", "DEL")]
 
     def test_rollback_deletes_what_ran_in_reverse(self, runtime, fake_plugins):
         n = net(
