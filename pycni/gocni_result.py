@@ -85,7 +85,7 @@ class GoCNIResult:
             "Interfaces": {
                 name: {
                     "IPConfigs": [
-                        {"IP": str(c.ip), "Gateway": str(c.gateway) if c.gateway is not None else None}
+                        {"IP": str(c.ip), "Gateway": str(c.gateway) if c.gateway is not None else ""}
                         for c in cfg.ip_configs
                     ]
                     or None,

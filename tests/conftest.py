@@ -16,7 +16,8 @@ import pytest
 from pycni import netns
 
 REFERENCE_PLUGIN_DIR = "/usr/lib/cni"
-TEST_NS_PREFIX = "pycni-t"
+# Per test session, so concurrent runs never mistake each other's namespaces for leaks.
+TEST_NS_PREFIX = f"pycni-t{os.getpid()}"
 REQUIRE_PRIVILEGED = os.environ.get("PYCNI_REQUIRE_PRIVILEGED") == "1"
 
 
