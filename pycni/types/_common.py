@@ -1,0 +1,374 @@
+"""What every result version shares: :class:`DNS` and :class:`Route` (Go's ``pkg/types``), and
+the decoders the version modules build on.
+
+Decoding mirrors Go's ``encoding/json`` as libcni uses it, so pycni accepts what libcni accepts:
+
+- ``null`` or a missing key gives the zero value (``""``, ``0``, ``None``, ``()``);
+- no coercion: a string is never an int, a bool never a string, ``1.0`` is not an int;
+- ints are Go ``int`` (int64): negative values are accepted, as Go does;
+- unknown keys are ignored, and a key matches a field case-insensitively when no key matches
+  exactly (Go's field matching; only ASCII letters plus ``ſ``/``K`` fold);
+- addresses and CIDRs follow ``net.ParseIP`` / ``net.ParseCIDR``: no leading zeros in IPv4
+  octets, no IPv6 zones, leading zeros allowed in the prefix length, and an IPv4-mapped IPv6
+  address *is* IPv4 (Go's ``To4()``), with prefix ``max(0, bits - 96)``.
+
+Deliberately stricter than Go, where Go would hand a nil or ``"<nil>"`` value to the consumer:
+a missing ``address``/``ip``/``dst`` and ``null`` entries in object lists are rejected.
+
+Decoders raise :class:`Invalid`; each level records its key or index on the way out, and the
+public entry points turn it into one :class:`~pycni.errors.ResultError` naming the path.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Callable
+from ipaddress import IPv4Address, IPv4Interface, IPv6Address, IPv6Interface
+from typing import Any, TypeVar
+
+import attrs
+
+from ..errors import ResultError
+
+IPAddress = IPv4Address | IPv6Address
+IPInterface = IPv4Interface | IPv6Interface
+
+T = TypeVar("T")
+
+MISSING: Any = object()
+"""``obj.get(key, MISSING)`` for the fields where absent and ``null`` mean different things."""
+
+_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_FOLD_TABLE = {**{c: c + 32 for c in range(ord("A"), ord("Z") + 1)}, 0x17F: "s", 0x212A: "k"}
+_QUOTE_LIMIT = 80
+
+
+class Invalid(Exception):
+    """A decoding failure; ``path`` collects keys and indexes innermost first."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str | int] = []
+
+    def at(self, segment: str | int) -> Invalid:
+        self.path.append(segment)
+        return self
+
+    def error(self, what: str) -> ResultError:
+        where = ""
+        for seg in reversed(self.path):
+            where += f"[{seg}]" if isinstance(seg, int) else (f".{seg}" if where else seg)
+        return ResultError(f"invalid {what}: {where}: {self.problem}" if where else f"invalid {what}: {self.problem}")
+
+
+def checked(decode: Callable[[Any], T], obj: Any, what: str) -> T:
+    """Run a decoder for a public ``from_json``: only :class:`ResultError` escapes."""
+    try:
+        return decode(obj)
+    except Invalid as e:
+        raise e.error(what) from None
+
+
+def kind(value: Any) -> str:
+    """The JSON kind of a decoded value, for messages ("an array", "null"...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def quote(text: str) -> str:
+    """Go-``%q``-like quoting, ASCII-safe and bounded: messages must survive any input."""
+    return json.dumps(text if len(text) <= _QUOTE_LIMIT else text[:_QUOTE_LIMIT] + "...")
+
+
+def expected(what: str, value: Any) -> Invalid:
+    if value is MISSING:
+        return Invalid("required field is missing")
+    return Invalid(f"expected {what}, got {kind(value)}")
+
+
+@attrs.frozen
+class ObjectKeys:
+    """The keys of one JSON object type: ``exact`` names and the Go case-folded fallback."""
+
+    exact: frozenset[str]
+    folded: dict[str, str]
+
+
+def _fold(key: str) -> str:
+    return key.lower() if key.isascii() else key.translate(_FOLD_TABLE)
+
+
+def object_keys(*names: str, ignored: str = "") -> ObjectKeys:
+    """``ignored`` is a key read elsewhere (``cniVersion``): matched exactly, never folded onto."""
+    exact = frozenset(names + ((ignored,) if ignored else ()))
+    return ObjectKeys(exact, {_fold(n): n for n in names})
+
+
+def members(value: Any, keys: ObjectKeys) -> dict[Any, Any]:
+    """``value`` as an object whose keys are the canonical names (fast path: already are)."""
+    if not isinstance(value, dict):
+        raise expected("an object", value)
+    if value.keys() <= keys.exact:
+        return value
+    out = {}
+    for key, item in value.items():
+        if isinstance(key, str):
+            name = keys.folded.get(_fold(key))
+            if name is not None:
+                out[name] = item  # later keys win, as in Go
+    return out
+
+
+def text(value: Any) -> str:
+    """A JSON string; lone surrogates (from ``\\ud800`` escapes) become U+FFFD, as in Go."""
+    if isinstance(value, str):
+        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+    if value is None:
+        return ""
+    raise expected("a string", value)
+
+
+def integer(value: Any) -> int:
+    """A Go ``int``: a JSON number without fraction or exponent, in int64 range."""
+    if type(value) is int:
+        if _INT_MIN <= value <= _INT_MAX:
+            return value
+        shown = value if value.bit_length() <= 128 else f"with {value.bit_length()} bits"
+        raise Invalid(f"integer {shown} out of range")
+    if value is None:
+        return 0
+    if isinstance(value, float):
+        raise Invalid(f"expected an integer, got {value!r}")
+    raise expected("an integer", value)
+
+
+def optional_integer(value: Any) -> int | None:
+    """A Go ``*int``: ``None`` when absent or null, so an explicit 0 survives."""
+    return None if value is None else integer(value)
+
+
+def strings(value: Any) -> tuple[str, ...]:
+    """A Go ``[]string`` (a ``null`` element is ``""``, as Go decodes it)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise expected("an array", value)
+    out = []
+    for i, item in enumerate(value):
+        try:
+            out.append(text(item))
+        except Invalid as e:
+            raise e.at(i) from None
+    return tuple(out)
+
+
+def array(value: Any, decode: Callable[[Any], T]) -> tuple[T, ...]:
+    """A Go ``[]*T``; ``null`` entries are refused (Go keeps nil pointers that crash consumers)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise expected("an array", value)
+    out = []
+    for i, item in enumerate(value):
+        try:
+            out.append(decode(item))
+        except Invalid as e:
+            raise e.at(i) from None
+    return tuple(out)
+
+
+def _parse_address(text: str) -> IPAddress:
+    if ":" not in text:
+        return IPv4Address(text)
+    if "%" in text:
+        raise ValueError("zones are not allowed")
+    addr = IPv6Address(text)
+    mapped = addr.ipv4_mapped
+    return addr if mapped is None else mapped
+
+
+def _parse_cidr(text: str) -> IPInterface:
+    addr, slash, bits = text.partition("/")
+    digits = bits.lstrip("0")
+    if not slash or not bits.isascii() or not bits.isdigit() or len(digits) > 3:
+        raise ValueError("bad prefix length")
+    prefix = int(digits or "0")
+    if ":" not in addr:
+        if prefix > 32:
+            raise ValueError("prefix length out of range")
+        return IPv4Interface((IPv4Address(addr), prefix))
+    if "%" in addr or prefix > 128:
+        raise ValueError("zone or prefix length out of range")
+    ip6 = IPv6Address(addr)
+    mapped = ip6.ipv4_mapped
+    if mapped is None:
+        return IPv6Interface((ip6, prefix))
+    return IPv4Interface((mapped, max(prefix - 96, 0)))
+
+
+# Plugins repeat the same gateways and routes endlessly, and building ipaddress objects costs
+# microseconds; the objects are immutable, so share them. Long strings bypass the caches.
+_cached_address = functools.lru_cache(maxsize=2048)(_parse_address)
+_cached_cidr = functools.lru_cache(maxsize=2048)(_parse_cidr)
+
+
+def cidr(value: Any) -> IPInterface:
+    """A required CIDR (``net.ParseCIDR``, host bits kept: ``10.1.2.3/24``)."""
+    if isinstance(value, str):
+        try:
+            return _cached_cidr(value) if len(value) <= 64 else _parse_cidr(value)
+        except ValueError:
+            raise Invalid(f"invalid CIDR address {quote(value)}") from None
+    raise expected("a CIDR string", value)
+
+
+def address(value: Any) -> IPAddress | None:
+    """An optional IP (Go ``net.IP``): absent, ``null`` and ``""`` all mean none."""
+    if isinstance(value, str):
+        if not value:
+            return None
+        try:
+            return _cached_address(value) if len(value) <= 64 else _parse_address(value)
+        except ValueError:
+            raise Invalid(f"invalid IP address {quote(value)}") from None
+    if value is None:
+        return None
+    raise expected("an IP address string", value)
+
+
+@attrs.frozen
+class DNS:
+    """Resolver settings; empty when the plugin has none."""
+
+    nameservers: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    domain: str = ""
+    search: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    options: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> DNS:
+        return checked(decode_dns, obj, "dns")
+
+    def to_json(self) -> dict[str, Any]:
+        """Go omits every empty field, so an empty DNS is ``{}``."""
+        out: dict[str, Any] = {}
+        if self.nameservers:
+            out["nameservers"] = list(self.nameservers)
+        if self.domain:
+            out["domain"] = self.domain
+        if self.search:
+            out["search"] = list(self.search)
+        if self.options:
+            out["options"] = list(self.options)
+        return out
+
+
+_DNS_KEYS = object_keys("nameservers", "domain", "search", "options")
+EMPTY_DNS = DNS()
+
+
+def decode_dns(value: Any) -> DNS:
+    if value is None:
+        return EMPTY_DNS
+    obj = members(value, _DNS_KEYS)
+    key = "nameservers"
+    try:
+        nameservers = strings(obj.get("nameservers"))
+        key = "domain"
+        domain = text(obj.get("domain"))
+        key = "search"
+        search = strings(obj.get("search"))
+        key = "options"
+        options = strings(obj.get("options"))
+    except Invalid as e:
+        raise e.at(key) from None
+    return DNS(nameservers, domain, search, options)
+
+
+@attrs.frozen
+class Route:
+    """A route; one Go type for every result version, so 0.x results carry the 1.1.0 fields too.
+
+    ``table`` and ``scope`` are Go pointers: ``None`` is absent, 0 is emitted (scope 0 = global).
+    """
+
+    dst: IPInterface
+    gw: IPAddress | None = None
+    mtu: int = 0
+    advmss: int = 0
+    priority: int = 0
+    table: int | None = None
+    scope: int | None = None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Route:
+        return checked(decode_route, obj, "route")
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"dst": str(self.dst)}
+        if self.gw is not None:
+            out["gw"] = str(self.gw)
+        if self.mtu:
+            out["mtu"] = self.mtu
+        if self.advmss:
+            out["advmss"] = self.advmss
+        if self.priority:
+            out["priority"] = self.priority
+        if self.table is not None:
+            out["table"] = self.table
+        if self.scope is not None:
+            out["scope"] = self.scope
+        return out
+
+
+_ROUTE_KEYS = object_keys("dst", "gw", "mtu", "advmss", "priority", "table", "scope")
+
+
+def decode_route(value: Any) -> Route:
+    obj = members(value, _ROUTE_KEYS)
+    key = "dst"
+    try:
+        dst = cidr(obj.get("dst", MISSING))
+        key = "gw"
+        gw = address(obj.get("gw"))
+        key = "mtu"
+        mtu = integer(obj.get("mtu"))
+        key = "advmss"
+        advmss = integer(obj.get("advmss"))
+        key = "priority"
+        priority = integer(obj.get("priority"))
+        key = "table"
+        table = optional_integer(obj.get("table"))
+        key = "scope"
+        scope = optional_integer(obj.get("scope"))
+    except Invalid as e:
+        raise e.at(key) from None
+    return Route(dst, gw, mtu, advmss, priority, table, scope)
+
+
+def declared_version(value: Any, versions: tuple[str, ...]) -> str:
+    """The ``cniVersion`` of a result decoded on its own: ``""`` or one of ``versions``."""
+    if not isinstance(value, dict):
+        return ""  # the decoder reports the wrong type
+    try:
+        version = text(value.get("cniVersion"))
+    except Invalid as e:
+        raise e.at("cniVersion") from None
+    if version and version not in versions:
+        raise Invalid(f"version {quote(version)} is not one of {', '.join(versions)}").at("cniVersion")
+    return version

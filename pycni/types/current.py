@@ -1,0 +1,190 @@
+"""CNI 1.0.0 / 1.1.0 results (Go's ``types100``; the two versions share one model).
+
+This is the model pycni works in; older results are converted to it (see :mod:`.convert`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+from ._common import (
+    DNS,
+    EMPTY_DNS,
+    MISSING,
+    Invalid,
+    IPAddress,
+    IPInterface,
+    Route,
+    address,
+    array,
+    checked,
+    cidr,
+    declared_version,
+    decode_dns,
+    decode_route,
+    integer,
+    members,
+    object_keys,
+    optional_integer,
+    text,
+)
+
+__all__ = ["Interface", "IPConfig", "Result"]
+
+
+@attrs.frozen
+class Interface:
+    """An interface the plugin created; ``sandbox`` is its netns path (``""`` = the host).
+
+    ``mtu``, ``socket_path`` and ``pci_id`` are 1.1.0 fields; 0.3.x/0.4.0 results use only
+    ``name``, ``mac`` and ``sandbox``.
+    """
+
+    name: str
+    mac: str = ""
+    mtu: int = 0
+    sandbox: str = ""
+    socket_path: str = ""
+    pci_id: str = ""
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Interface:
+        return checked(decode_interface, obj, "interface")
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name}
+        if self.mac:
+            out["mac"] = self.mac
+        if self.mtu:
+            out["mtu"] = self.mtu
+        if self.sandbox:
+            out["sandbox"] = self.sandbox
+        if self.socket_path:
+            out["socketPath"] = self.socket_path
+        if self.pci_id:
+            out["pciID"] = self.pci_id
+        return out
+
+
+_INTERFACE_KEYS = object_keys("name", "mac", "mtu", "sandbox", "socketPath", "pciID")
+
+
+def decode_interface(value: Any) -> Interface:
+    obj = members(value, _INTERFACE_KEYS)
+    key = "name"
+    try:
+        name = text(obj.get("name"))
+        key = "mac"
+        mac = text(obj.get("mac"))
+        key = "mtu"
+        mtu = integer(obj.get("mtu"))
+        key = "sandbox"
+        sandbox = text(obj.get("sandbox"))
+        key = "socketPath"
+        socket_path = text(obj.get("socketPath"))
+        key = "pciID"
+        pci_id = text(obj.get("pciID"))
+    except Invalid as e:
+        raise e.at(key) from None
+    return Interface(name, mac, mtu, sandbox, socket_path, pci_id)
+
+
+@attrs.frozen
+class IPConfig:
+    """An address (host bits kept, ``10.1.2.3/24``) and optional gateway.
+
+    ``interface`` indexes ``Result.interfaces``; ``None`` (absent) differs from 0, and plugins may
+    emit -1. Delegated IPAM plugins leave it out.
+    """
+
+    address: IPInterface
+    gateway: IPAddress | None = None
+    interface: int | None = None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> IPConfig:
+        return checked(decode_ip_config, obj, "ip config")
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.interface is not None:
+            out["interface"] = self.interface
+        out["address"] = str(self.address)
+        if self.gateway is not None:
+            out["gateway"] = str(self.gateway)
+        return out
+
+
+_IP_KEYS = object_keys("interface", "address", "gateway")
+
+
+def decode_ip_config(value: Any) -> IPConfig:
+    obj = members(value, _IP_KEYS)
+    key = "interface"
+    try:
+        interface = optional_integer(obj.get("interface"))
+        key = "address"
+        addr = cidr(obj.get("address", MISSING))
+        key = "gateway"
+        gateway = address(obj.get("gateway"))
+    except Invalid as e:
+        raise e.at(key) from None
+    return IPConfig(addr, gateway, interface)
+
+
+@attrs.frozen
+class Result:
+    """A 1.0.0 or 1.1.0 ADD result; ``cni_version`` ``""`` means "not set yet" (1.1.0 on conversion)."""
+
+    VERSIONS: ClassVar[tuple[str, ...]] = ("1.0.0", "1.1.0")
+
+    cni_version: str
+    interfaces: tuple[Interface, ...] = attrs.field(default=(), converter=tuple)
+    ips: tuple[IPConfig, ...] = attrs.field(default=(), converter=tuple)
+    routes: tuple[Route, ...] = attrs.field(default=(), converter=tuple)
+    dns: DNS = EMPTY_DNS
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Result:
+        """Decode as 1.x, version taken as written; :func:`~pycni.types.parse_result` does libcni's fixup."""
+        try:
+            return decode_result(obj, declared_version(obj, cls.VERSIONS))
+        except Invalid as e:
+            raise e.error("result") from None
+
+    def to_json(self) -> dict[str, Any]:
+        """Go's emission: empty lists are omitted, and so is ``dns`` when all of it is empty."""
+        out: dict[str, Any] = {}
+        if self.cni_version:
+            out["cniVersion"] = self.cni_version
+        if self.interfaces:
+            out["interfaces"] = [i.to_json() for i in self.interfaces]
+        if self.ips:
+            out["ips"] = [ip.to_json() for ip in self.ips]
+        if self.routes:
+            out["routes"] = [r.to_json() for r in self.routes]
+        dns = self.dns.to_json()
+        if dns:
+            out["dns"] = dns
+        return out
+
+
+_RESULT_KEYS = object_keys("interfaces", "ips", "routes", "dns", ignored="cniVersion")
+
+
+def decode_result(value: Any, version: str) -> Result:
+    obj = members(value, _RESULT_KEYS)
+    key = "interfaces"
+    try:
+        interfaces = array(obj.get("interfaces"), decode_interface)
+        key = "ips"
+        ips = array(obj.get("ips"), decode_ip_config)
+        key = "routes"
+        routes = array(obj.get("routes"), decode_route)
+        key = "dns"
+        dns = decode_dns(obj.get("dns"))
+    except Invalid as e:
+        raise e.at(key) from None
+    return Result(version, interfaces, ips, routes, dns)

@@ -1,0 +1,94 @@
+"""Decoding untrusted plugin output (or a cached result) into a result model.
+
+:func:`parse_result` is libcni's ``fixupResultVersion`` + ``create.Create``: whatever the input,
+it returns a model or raises :class:`~pycni.errors.ResultError`, never anything else.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from ..errors import ResultError
+from . import current, v020, v040
+from ._common import Invalid, kind, quote
+from .convert import AnyResult
+
+__all__ = ["parse_result"]
+
+_DECODE_FOR_VERSION = {
+    version: module.decode_result
+    for model, module in ((v020.Result020, v020), (v040.Result040, v040), (current.Result, current))
+    for version in model.VERSIONS
+}
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+# libcni first decodes the whole result into a map of float64s, so a number literal beyond
+# float64 range fails wherever it is, even under a key nobody reads.
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise ValueError(f"number {literal[:40]} out of range")
+    return value
+
+
+def _float64_int(literal: str) -> int:
+    if len(literal) > 300:  # shorter ones are always finite
+        _finite_float(literal)
+    return int(literal)
+
+
+_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_int=_float64_int, parse_constant=_reject_constant)
+
+
+def _load(data: bytes | bytearray | memoryview | str) -> Any:
+    if isinstance(data, str):
+        text = data
+    else:
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ResultError(f"failed to unmarshal raw result: invalid UTF-8 at byte {e.start}") from None
+    if not text.strip(" \t\r\n"):
+        raise ResultError("failed to unmarshal raw result: unexpected end of JSON input")
+    try:
+        return _DECODER.decode(text)
+    except RecursionError:
+        raise ResultError("failed to unmarshal raw result: JSON nested too deeply") from None
+    except ValueError as e:
+        raise ResultError(f"failed to unmarshal raw result: {e}") from None
+
+
+def parse_result(data: Any, *, config_version: str | None = None) -> AnyResult:
+    """Decode a plugin's ADD output (bytes, str, or already-decoded JSON) into its version's model.
+
+    A missing, empty or non-string ``cniVersion`` takes ``config_version`` (``""`` meaning 0.1.0),
+    as libcni does for plugins that forget it. Without ``config_version`` (a cached result, say) a
+    missing or empty one means 0.1.0. A result version other than the config's is kept as it is;
+    convert it with :func:`~pycni.types.convert` where it is consumed.
+    """
+    obj = _load(data) if isinstance(data, (bytes, bytearray, memoryview, str)) else data
+    if obj is None:
+        obj = {}
+    elif not isinstance(obj, dict):
+        raise ResultError(f"failed to unmarshal raw result: expected a JSON object, got {kind(obj)}")
+    version = obj.get("cniVersion")
+    if not isinstance(version, str) or not version:
+        if config_version is not None:
+            version = config_version or "0.1.0"
+        elif version is None or version == "":
+            version = "0.1.0"
+        else:
+            raise ResultError(f"invalid result: cniVersion: expected a string, got {kind(version)}")
+    decode = _DECODE_FOR_VERSION.get(version)
+    if decode is None:
+        raise ResultError(f"unsupported CNI result version {quote(version)}")
+    try:
+        return decode(obj, version)
+    except Invalid as e:
+        raise e.error("result") from None

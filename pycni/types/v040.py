@@ -1,0 +1,163 @@
+"""CNI 0.3.0 / 0.3.1 / 0.4.0 results (Go's ``types040``).
+
+Differences from 1.x: every ip carries ``version``, interfaces have only name/mac/sandbox, and
+``dns`` is always emitted. Routes are Go's shared type, so their 1.1.0 fields survive here too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+from ._common import (
+    DNS,
+    EMPTY_DNS,
+    MISSING,
+    Invalid,
+    IPAddress,
+    IPInterface,
+    Route,
+    address,
+    array,
+    checked,
+    cidr,
+    declared_version,
+    decode_dns,
+    decode_route,
+    members,
+    object_keys,
+    optional_integer,
+    text,
+)
+from .current import Interface
+
+__all__ = ["IPConfig040", "Result040"]
+
+
+@attrs.frozen
+class IPConfig040:
+    """An address with its family label ``version``: ``"4"`` or ``"6"`` as written by plugins.
+
+    libcni keeps whatever string is there; it is ``""`` when a plugin leaves it out (the reference
+    loopback plugin prints 1.x-shaped ips under 0.3.x/0.4.0), and such an ip is not carried into a
+    0.1.0/0.2.0 result.
+    """
+
+    version: str
+    address: IPInterface
+    gateway: IPAddress | None = None
+    interface: int | None = None
+
+    @classmethod
+    def from_json(cls, obj: Any) -> IPConfig040:
+        return checked(decode_ip_config, obj, "ip config")
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"version": self.version}
+        if self.interface is not None:
+            out["interface"] = self.interface
+        out["address"] = str(self.address)
+        if self.gateway is not None:
+            out["gateway"] = str(self.gateway)
+        return out
+
+
+_IP_KEYS = object_keys("version", "interface", "address", "gateway")
+
+
+def decode_ip_config(value: Any) -> IPConfig040:
+    obj = members(value, _IP_KEYS)
+    key = "version"
+    try:
+        version = text(obj.get("version"))
+        key = "interface"
+        interface = optional_integer(obj.get("interface"))
+        key = "address"
+        addr = cidr(obj.get("address", MISSING))
+        key = "gateway"
+        gateway = address(obj.get("gateway"))
+    except Invalid as e:
+        raise e.at(key) from None
+    return IPConfig040(version, addr, gateway, interface)
+
+
+def interface_to_json(interface: Interface) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": interface.name}
+    if interface.mac:
+        out["mac"] = interface.mac
+    if interface.sandbox:
+        out["sandbox"] = interface.sandbox
+    return out
+
+
+_INTERFACE_KEYS = object_keys("name", "mac", "sandbox")
+
+
+def decode_interface(value: Any) -> Interface:
+    """Only name/mac/sandbox are 0.4.0 fields; anything else is ignored, as Go ignores it."""
+    obj = members(value, _INTERFACE_KEYS)
+    key = "name"
+    try:
+        name = text(obj.get("name"))
+        key = "mac"
+        mac = text(obj.get("mac"))
+        key = "sandbox"
+        sandbox = text(obj.get("sandbox"))
+    except Invalid as e:
+        raise e.at(key) from None
+    return Interface(name, mac, sandbox=sandbox)
+
+
+@attrs.frozen
+class Result040:
+    """A 0.3.0/0.3.1/0.4.0 ADD result. Its interfaces use only name, mac and sandbox."""
+
+    VERSIONS: ClassVar[tuple[str, ...]] = ("0.3.0", "0.3.1", "0.4.0")
+
+    cni_version: str
+    interfaces: tuple[Interface, ...] = attrs.field(default=(), converter=tuple)
+    ips: tuple[IPConfig040, ...] = attrs.field(default=(), converter=tuple)
+    routes: tuple[Route, ...] = attrs.field(default=(), converter=tuple)
+    dns: DNS = EMPTY_DNS
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Result040:
+        """Decode as 0.3.x/0.4.0, version taken as written (see :func:`~pycni.types.parse_result`)."""
+        try:
+            return decode_result(obj, declared_version(obj, cls.VERSIONS))
+        except Invalid as e:
+            raise e.error("result") from None
+
+    def to_json(self) -> dict[str, Any]:
+        """Go's emission: empty lists omitted, ``dns`` always present (``{}`` when empty)."""
+        out: dict[str, Any] = {}
+        if self.cni_version:
+            out["cniVersion"] = self.cni_version
+        if self.interfaces:
+            out["interfaces"] = [interface_to_json(i) for i in self.interfaces]
+        if self.ips:
+            out["ips"] = [ip.to_json() for ip in self.ips]
+        if self.routes:
+            out["routes"] = [r.to_json() for r in self.routes]
+        out["dns"] = self.dns.to_json()
+        return out
+
+
+_RESULT_KEYS = object_keys("interfaces", "ips", "routes", "dns", ignored="cniVersion")
+
+
+def decode_result(value: Any, version: str) -> Result040:
+    obj = members(value, _RESULT_KEYS)
+    key = "interfaces"
+    try:
+        interfaces = array(obj.get("interfaces"), decode_interface)
+        key = "ips"
+        ips = array(obj.get("ips"), decode_ip_config)
+        key = "routes"
+        routes = array(obj.get("routes"), decode_route)
+        key = "dns"
+        dns = decode_dns(obj.get("dns"))
+    except Invalid as e:
+        raise e.at(key) from None
+    return Result040(version, interfaces, ips, routes, dns)
