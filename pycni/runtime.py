@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 import attrs
 
 from . import netns as _netns
-from .failpoints import failpoint
 from . import version as _version
 from .backends import Backend, select_backend
 from .cache import DEFAULT_CACHE_DIR, CachedAttachment, ResultsCache
 from .config import NetworkConfig, NetworkConfigList, conflist_from_conf, validate_network_name
 from .errors import CacheError, CNIError, MultiError, ResultError, VersionError
+from .failpoints import failpoint
 from .invoke import VersionInfo
 from .request import (
     Attachment,

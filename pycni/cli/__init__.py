@@ -6,16 +6,14 @@ Heavy modules (pyroute2, the plugins) are imported only by the commands that nee
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from ..errors import CNIError
+from ._base import Group
 
 __all__ = ["main", "cli"]
 
 
-class _Group(click.Group):
+class _Group(Group):
     """Loads subcommand modules on first use so ``pycni add`` does not pay for ``pycni demo``."""
 
     lazy = {
@@ -42,27 +40,8 @@ def cli() -> None:
     """pycni: run CNI network configurations (cnitool-compatible) with exec'd or in-process plugins."""
 
 
-def fail(error: CNIError) -> None:
-    """The one-line error for a CNI failure; exit status 1."""
-    text = str(error).replace("\n", "; ")
-    click.echo(f"pycni: error (code {error.code}): {text}", err=True)
-    sys.exit(1)
-
-
 def main(argv: list[str] | None = None) -> None:
-    try:
-        cli.main(args=argv, prog_name="pycni", standalone_mode=False)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except click.ClickException as e:
-        e.show()
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        click.echo("Aborted!", err=True)
-        sys.exit(1)
-    except CNIError as e:
-        fail(e)
-    sys.exit(0)
+    cli.main(args=argv, prog_name="pycni")
 
 
 def _register() -> None:

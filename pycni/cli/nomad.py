@@ -7,39 +7,18 @@ Imports of pycni's Nomad code are deferred so ``--help`` stays fast.
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Callable
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from ..errors import CNIError
+from ._base import Group
 
 if TYPE_CHECKING:
     from ..nomad.models import Allocation, Node
 
 __all__ = ["nomad"]
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class CNIFailure(click.ClickException):
-    """A :class:`~pycni.errors.CNIError` as a one-line CLI error (exit status 1)."""
-
-    def __init__(self, error: CNIError) -> None:
-        super().__init__(f"{' '.join(str(error).split())} (CNI error code {error.code})")
-
-
-def _reports_cni_errors(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except CNIError as e:
-            raise CNIFailure(e) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _echo_json(value: Any) -> None:
@@ -67,7 +46,7 @@ node_option = click.option(
 netns_option = click.option("--netns", required=True, help="Path of the allocation's network namespace.")
 
 
-@click.group(name="nomad")
+@click.group(name="nomad", cls=Group)
 def nomad() -> None:
     """Nomad's CNI network configurator: conflist, port maps, tproxy, CNI args, status."""
 
@@ -78,7 +57,6 @@ def nomad() -> None:
 @click.option("--subnet-ipv6", default="", help="IPv6 alloc subnet (bridge_network_subnet_ipv6); unset = no IPv6.")
 @click.option("--hairpin", is_flag=True, help="Hairpin mode (bridge_network_hairpin_mode).")
 @click.option("--consul-cni", is_flag=True, help="Append consul-cni (groups with transparent proxy).")
-@_reports_cni_errors
 def conflist(bridge_name: str, subnet: str, subnet_ipv6: str, hairpin: bool, consul_cni: bool) -> None:
     """Print the bridge conflist exactly as the Nomad client writes it (no trailing newline)."""
     from ..nomad.conflist import BridgeConfig, bridge_conflist, validate_subnets
@@ -91,7 +69,6 @@ def conflist(bridge_name: str, subnet: str, subnet_ipv6: str, hairpin: bool, con
 @nomad.command()
 @alloc_option
 @click.option("--ignore-host-ip", is_flag=True, help="Drop host IPs (the client's bind_wildcard_default_host_network).")
-@_reports_cni_errors
 def ports(alloc_file: IO[bytes], ignore_host_ip: bool) -> None:
     """Print the portMappings capability (label, hostPort, containerPort, protocol[, hostIP])."""
     from ..nomad.ports import port_mappings
@@ -103,7 +80,6 @@ def ports(alloc_file: IO[bytes], ignore_host_ip: bool) -> None:
 @alloc_option
 @node_option
 @netns_option
-@_reports_cni_errors
 def tproxy(alloc_file: IO[bytes], node_file: IO[bytes], netns: str) -> None:
     """Print the CONSUL_IPTABLES_CONFIG value, or null without a transparent proxy."""
     from ..nomad.ports import port_mappings
@@ -119,7 +95,6 @@ def tproxy(alloc_file: IO[bytes], node_file: IO[bytes], netns: str) -> None:
 @alloc_option
 @node_option
 @netns_option
-@_reports_cni_errors
 def cni_args_command(alloc_file: IO[bytes], node_file: IO[bytes], netns: str) -> None:
     """Print the CNI args Setup passes to every plugin, as a JSON object."""
     from ..nomad.args import cni_args
@@ -134,7 +109,6 @@ def cni_args_command(alloc_file: IO[bytes], node_file: IO[bytes], netns: str) ->
 @nomad.command()
 @click.argument("result_file", metavar="RESULT.json", type=click.File("rb"))
 @click.option("--default-ifname", default="eth0", show_default=True, help="go-cni's default interface (plain results).")
-@_reports_cni_errors
 def status(result_file: IO[bytes], default_ifname: str) -> None:
     """Print the allocation network status of a go-cni Result (Go JSON) or plain CNI result(s)."""
     from ..nomad.models import load_json
@@ -145,6 +119,77 @@ def status(result_file: IO[bytes], default_ifname: str) -> None:
 
 
 # -- setup / teardown ----------------------------------------------------------------------------
-# Left for the lead to wire once pycni.client and the in-process plugins settle: build the client
-# with pycni.nomad.make_client(), the conf from bridge_conflist(...) or (conf_dir, name), then
-# NetworkConfigurator(client, conf, node).setup(alloc, netns, created) / .teardown(alloc, netns).
+
+
+def _run_options(fn: Any) -> Any:
+    options = [
+        alloc_option,
+        node_option,
+        netns_option,
+        click.option("--conf-dir", default=None, help="Use network NAME from this dir (cni/<name> mode)."),
+        click.option("--network", default=None, help="Network name in --conf-dir."),
+        click.option("--bridge-name", default="nomad", show_default=True, help="Embedded bridge: bridge name."),
+        click.option("--subnet", default="172.26.64.0/20", show_default=True, help="Embedded bridge: IPv4 subnet."),
+        click.option("--subnet-ipv6", default="", help="Embedded bridge: IPv6 subnet."),
+        click.option("--hairpin", is_flag=True, help="Embedded bridge: hairpin mode."),
+        click.option("--cni-path", envvar="CNI_PATH", default="/opt/cni/bin:/usr/lib/cni", show_default=True,
+                     help="Plugin dirs for exec'd plugins [$CNI_PATH]."),
+        click.option("--backend", type=click.Choice(["exec", "inprocess", "auto"]), default="auto", show_default=True,
+                     help="How plugins run (auto: in-process where built in)."),
+        click.option("--cache-dir", envvar="PYCNI_CACHE_DIR", default="/var/lib/cni", show_default=True,
+                     help="Results cache root [$PYCNI_CACHE_DIR]."),
+        click.option("--host-netns", default=None, help="Run the plugins in this network namespace (a path)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _configurator(opts: dict[str, Any], alloc: Allocation) -> Any:
+    """Nomad's configurator for the alloc: ``cni/<name>`` from --conf-dir, else the bridge network."""
+    import functools
+
+    from ..nomad import NetworkConfigurator, make_client
+    from ..nomad.cleanup import force_cleanup
+    from ..nomad.conflist import BridgeConfig, bridge_conflist, validate_subnets
+    from ..nomad.tproxy import uses_transparent_proxy
+
+    if opts["conf_dir"] or opts["network"]:
+        if not (opts["conf_dir"] and opts["network"]):
+            raise click.UsageError("--conf-dir and --network go together")
+        conf: Any = (opts["conf_dir"], opts["network"])
+    else:
+        validate_subnets(opts["subnet"], opts["subnet_ipv6"])
+        bridge = BridgeConfig(opts["bridge_name"], opts["subnet"], opts["subnet_ipv6"], opts["hairpin"],
+                              uses_transparent_proxy(alloc.group))
+        conf = bridge_conflist(bridge.with_defaults())
+    client = make_client(opts["cni_path"], cache_dir=opts["cache_dir"], backend=opts["backend"],
+                         host_netns=opts["host_netns"])
+    cleanup = functools.partial(force_cleanup, host_netns=opts["host_netns"], own_state=_own_state())
+    return NetworkConfigurator(client, conf, _node(opts.pop("node_file")), cleanup=cleanup)
+
+
+def _own_state() -> Any:
+    """pycni's own nftables elements of the alloc, removed by forced cleanup."""
+    from pycni_plugins.kernel.nft import remove_container
+
+    return lambda network, alloc_id: tuple(remove_container(network, alloc_id))
+
+
+@nomad.command()
+@_run_options
+@click.option("--existing", is_flag=True, help="The namespace already existed (restore): CHECK instead of ADD.")
+def setup(alloc_file: IO[bytes], netns: str, existing: bool, **opts: Any) -> None:
+    """Set up the allocation's network for real; print its network status (null after a restore CHECK)."""
+    alloc = _alloc(alloc_file)
+    status = _configurator(opts, alloc).setup(alloc, netns, created=not existing)
+    _echo_json(status.to_json() if status is not None else None)
+
+
+@nomad.command()
+@_run_options
+def teardown(alloc_file: IO[bytes], netns: str, **opts: Any) -> None:
+    """Tear the allocation's network down; print the forced-cleanup report (null when DEL succeeded)."""
+    alloc = _alloc(alloc_file)
+    report = _configurator(opts, alloc).teardown(alloc, netns)
+    _echo_json(report.to_json() if report is not None else None)

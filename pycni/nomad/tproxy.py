@@ -15,12 +15,13 @@ import attrs
 
 from . import _go
 from .errors import TransparentProxyError
-from .models import Allocation, Node, Proxy, Service, TransparentProxy
+from .models import Allocation, Node, Proxy, Service, TaskGroup, TransparentProxy
 from .ports import PortMappings
 
 __all__ = [
     "IptablesConfig",
     "transparent_proxy_config",
+    "uses_transparent_proxy",
     "dns_from_attrs",
     "DEFAULT_UID_META",
     "DEFAULT_OUTBOUND_PORT_META",
@@ -111,6 +112,11 @@ def _first_transparent_proxy(services: Iterable[Service]) -> tuple[Service, Prox
         if proxy is not None and proxy.transparent_proxy is not None:
             return svc, proxy, proxy.transparent_proxy
     return None
+
+
+def uses_transparent_proxy(group: TaskGroup) -> bool:
+    """Whether Nomad adds consul-cni to the group's bridge network (any service with tproxy)."""
+    return _first_transparent_proxy(group.services) is not None
 
 
 def transparent_proxy_config(

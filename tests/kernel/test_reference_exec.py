@@ -54,8 +54,9 @@ def default_chain(data_dir: str, version: str = "0.4.0") -> bytes:
 
 @pytest.fixture
 def setup(host_ns, make_netns, tmp_path):
-    runtime = Runtime([REFERENCE_PLUGIN_DIR], cache_dir=str(tmp_path / "cache"), backend="exec", timeout=30,
-                      host_netns=host_ns.path)
+    runtime = Runtime(
+        [REFERENCE_PLUGIN_DIR], cache_dir=str(tmp_path / "cache"), backend="exec", timeout=30, host_netns=host_ns.path
+    )
     network = conflist_from_bytes(default_chain(str(tmp_path / "ipam")))
     c1, c2 = make_netns("c1"), make_netns("c2")
     ports = {"portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]}

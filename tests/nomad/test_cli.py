@@ -50,7 +50,7 @@ def test_conflist_matches_nomads_goldens(runner: CliRunner, args: list[str], gol
 def test_conflist_refuses_a_bad_subnet(runner: CliRunner) -> None:
     out = runner.invoke(nomad, ["conflist", "--subnet", "fd00::/64"])
     assert out.exit_code == 1
-    assert out.stderr == "Error: invalid bridge_network_subnet: not an IPv4 address: fd00::/64 (CNI error code 7)\n"
+    assert out.stderr == "pycni: error (code 7): invalid bridge_network_subnet: not an IPv4 address: fd00::/64\n"
 
 
 def test_ports_in_order_with_host_ip_only_when_set(runner: CliRunner) -> None:
@@ -99,8 +99,8 @@ def test_tproxy_error_exits_1_with_one_line(runner: CliRunner, tmp_path: Path) -
     out = runner.invoke(nomad, ["tproxy", "--alloc", ALLOC, "--node", str(tmp_path / "node.json"), "--netns", "/x"])
     assert out.exit_code == 1
     assert out.stderr == (
-        'Error: could not parse default_outbound_port "" as port number: strconv.ParseUint: parsing "": '
-        "invalid syntax (CNI error code 7)\n"
+        'pycni: error (code 7): could not parse default_outbound_port "" as port number: strconv.ParseUint: '
+        'parsing "": invalid syntax\n'
     )
 
 
@@ -159,10 +159,10 @@ def test_status_from_plain_cni_result(runner: CliRunner) -> None:
 @pytest.mark.parametrize(
     ("doc", "message"),
     [
-        ({"Interfaces": {}}, "Error: failed to configure network: no interfaces found (CNI error code 6)\n"),
+        ({"Interfaces": {}}, "pycni: error (code 6): failed to configure network: no interfaces found\n"),
         (
             {"Interfaces": {"eth0": {}}},
-            "Error: failed to configure network: no interface with an address (CNI error code 6)\n",
+            "pycni: error (code 6): failed to configure network: no interface with an address\n",
         ),
         ("{", None),
     ],
@@ -170,7 +170,7 @@ def test_status_from_plain_cni_result(runner: CliRunner) -> None:
 def test_status_errors(runner: CliRunner, doc: object, message: str | None) -> None:
     out = runner.invoke(nomad, ["status", "-"], input=doc if isinstance(doc, str) else json.dumps(doc))
     assert out.exit_code == 1
-    assert out.stderr.count("\n") == 1 and "(CNI error code 6)" in out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("pycni: error (code 6): ")
     if message is not None:
         assert out.stderr == message
 
@@ -182,7 +182,7 @@ def test_decode_errors_name_the_field(runner: CliRunner, tmp_path: Path) -> None
     out = runner.invoke(nomad, ["ports", "--alloc", str(tmp_path / "a.json")])
     assert out.exit_code == 1
     assert out.stderr == (
-        'Error: AllocatedResources.Shared.Ports[1].Value: expected an integer, got "x" (CNI error code 6)\n'
+        'pycni: error (code 6): AllocatedResources.Shared.Ports[1].Value: expected an integer, got "x"\n'
     )
 
 

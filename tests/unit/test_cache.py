@@ -18,8 +18,16 @@ RESULT = {"cniVersion": "1.0.0", "ips": [{"address": "198.18.0.2/24"}]}
 
 
 def entry(**kw):
-    base = dict(container_id="c1", network="net", ifname="eth0", config=b'{"name":"net"}', netns="/run/netns/x",
-                cni_args=(("K", "V"),), capability_args={"portMappings": [{"hostPort": 8080}]}, result=RESULT)
+    base = dict(
+        container_id="c1",
+        network="net",
+        ifname="eth0",
+        config=b'{"name":"net"}',
+        netns="/run/netns/x",
+        cni_args=(("K", "V"),),
+        capability_args={"portMappings": [{"hostPort": 8080}]},
+        result=RESULT,
+    )
     return CachedAttachment(**(base | kw))
 
 
@@ -90,8 +98,16 @@ def test_missing_file_reads_as_none_and_delete_is_idempotent(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "network, cid, ifname", [("", "c", "e"), ("n", "", "e"), ("n", "c", ""), ("../x", "c", "e"), ("n", "../c", "e"),
-                             ("n", "c", "a/b"), ("n/x", "c", "e")]
+    "network, cid, ifname",
+    [
+        ("", "c", "e"),
+        ("n", "", "e"),
+        ("n", "c", ""),
+        ("../x", "c", "e"),
+        ("n", "../c", "e"),
+        ("n", "c", "a/b"),
+        ("n/x", "c", "e"),
+    ],
 )
 def test_hostile_or_empty_key_parts_are_refused(tmp_path, network, cid, ifname):
     with pytest.raises(InvalidArgumentError):

@@ -92,10 +92,12 @@ def test_failures_print_one_line_with_the_code_and_exit_1(env):
 
 def test_plugin_error_code_reaches_the_user(env, fake_plugins, tmp_path):
     conf = tmp_path / "net.d" / "20-err.conflist"
-    conf.write_bytes(fake_plugins.conflist(fake_plugins.plugin("fake-a", STATUS={"error": {"code": 51, "msg": "x"}}),
-                                           name="errnet"))
-    proc = subprocess.run([sys.executable, "-m", "pycni.cli", "status", "errnet"], env=env, capture_output=True,
-                          text=True)
+    conf.write_bytes(
+        fake_plugins.conflist(fake_plugins.plugin("fake-a", STATUS={"error": {"code": 51, "msg": "x"}}), name="errnet")
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "pycni.cli", "status", "errnet"], env=env, capture_output=True, text=True
+    )
     assert proc.returncode == 1 and "(code 51)" in proc.stderr
 
 
@@ -106,8 +108,12 @@ def test_usage_errors_exit_2(env):
 
 @pytest.mark.parametrize("bad", ["A", "A=1;B", "=x"])
 def test_malformed_cni_args_are_refused(env, bad):
-    proc = subprocess.run([sys.executable, "-m", "pycni.cli", "add", "testnet", "/x"], env=env | {"CNI_ARGS": bad},
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pycni.cli", "add", "testnet", "/x"],
+        env=env | {"CNI_ARGS": bad},
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 1 and "invalid CNI_ARGS" in proc.stderr
 
 
@@ -120,8 +126,14 @@ def test_version(env):
 
 def test_conf_list_show_validate(env, tmp_path):
     listing = json.loads(run(["conf", "list"], env).output)
-    assert listing == [{"name": "testnet", "cniVersion": "1.1.0", "plugins": ["fake-a", "fake-b"],
-                        "source": str(tmp_path / "net.d" / "10-test.conflist")}]
+    assert listing == [
+        {
+            "name": "testnet",
+            "cniVersion": "1.1.0",
+            "plugins": ["fake-a", "fake-b"],
+            "source": str(tmp_path / "net.d" / "10-test.conflist"),
+        }
+    ]
     shown = json.loads(run(["conf", "show", "testnet"], env).output)
     assert shown["plugins"][0]["capabilities"] == {"portMappings": True}
     valid = run(["conf", "validate", str(tmp_path / "net.d" / "10-test.conflist"), "--plugins"], env)
@@ -135,6 +147,8 @@ def test_embedded_default_network_when_conf_dir_lacks_nomad(env, tmp_path):
 
 
 def test_cli_does_not_import_pyroute2_for_runtime_verbs(env):
-    code = "import sys; from pycni.cli import main; sys.argv=['pycni','version']\ntry: main()\nexcept SystemExit: pass\n" \
-           "assert 'pyroute2' not in sys.modules, 'pyroute2 imported'"
+    code = (
+        "import sys; from pycni.cli import main; sys.argv=['pycni','version']\ntry: main()\nexcept SystemExit: pass\n"
+        "assert 'pyroute2' not in sys.modules, 'pyroute2 imported'"
+    )
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)

@@ -48,24 +48,31 @@ def make(fake_plugins, tmp_path):
 
 
 def single_conf(fakes, name, type_, **fake):
-    return json.dumps(fakes.plugin(type_, **fake) | {"name": name, "cniVersion": "0.2.0",
-                                                     "capabilities": {"portMappings": True}})
+    return json.dumps(
+        fakes.plugin(type_, **fake) | {"name": name, "cniVersion": "0.2.0", "capabilities": {"portMappings": True}}
+    )
 
 
 def test_type020_results_without_interfaces_land_on_the_default_interface(make, fake_plugins):
     factory, confdir = make
     (confdir / "mocknetwork1.conf").write_text(
-        single_conf(fake_plugins, "plugin1", "fake-a", ADD={"result": {"cniVersion": "0.2.0", "ip4": {"ip": "10.0.0.1/24"}}})
+        single_conf(
+            fake_plugins, "plugin1", "fake-a", ADD={"result": {"cniVersion": "0.2.0", "ip4": {"ip": "10.0.0.1/24"}}}
+        )
     )
     (confdir / "mocknetwork2.conf").write_text(
-        single_conf(fake_plugins, "plugin2", "fake-b", ADD={"result": {"cniVersion": "0.2.0", "ip4": {"ip": "10.0.0.2/24"}}})
+        single_conf(
+            fake_plugins, "plugin2", "fake-b", ADD={"result": {"cniVersion": "0.2.0", "ip4": {"ip": "10.0.0.2/24"}}}
+        )
     )
     cni = factory(min_network_count=2)
     cni.load(with_all_conf)
     cni.status()
     res = cni.setup("c1", "/run/netns/c1", with_capability_port_map([PortMapping(80, 8080)]))
-    assert [c.ip for c in res.interfaces["eth0"].ip_configs] == [ipaddress.ip_address("10.0.0.1"),
-                                                                  ipaddress.ip_address("10.0.0.2")]
+    assert [c.ip for c in res.interfaces["eth0"].ip_configs] == [
+        ipaddress.ip_address("10.0.0.1"),
+        ipaddress.ip_address("10.0.0.2"),
+    ]
     ifnames = sorted(c["env"]["CNI_IFNAME"] for c in fake_plugins.calls())
     assert ifnames == ["eth0", "eth1"]
     stdin = fake_plugins.calls()[0]["stdin"]
@@ -73,17 +80,29 @@ def test_type020_results_without_interfaces_land_on_the_default_interface(make, 
     cni.remove("c1", "/run/netns/c1")
     config = cni.get_config()
     assert (config.prefix, config.plugin_dirs[0], config.networks[0].config.name, config.networks[0].ifname) == (
-        "eth", str(fake_plugins.dir), "plugin1", "eth0")
+        "eth",
+        str(fake_plugins.dir),
+        "plugin1",
+        "eth0",
+    )
 
 
 def test_type100_ips_land_on_the_interface_their_index_names(make, fake_plugins):
     factory, _ = make
-    res100 = result("1.0.0", [{"address": "10.0.0.1/24", "gateway": "10.0.0.255", "interface": 0},
-                              {"address": "10.0.0.2/24", "interface": 1}],
-                    [{"name": "eth0", "sandbox": "/x"}, {"name": "eth1", "sandbox": "/x"}])
+    res100 = result(
+        "1.0.0",
+        [
+            {"address": "10.0.0.1/24", "gateway": "10.0.0.255", "interface": 0},
+            {"address": "10.0.0.2/24", "interface": 1},
+        ],
+        [{"name": "eth0", "sandbox": "/x"}, {"name": "eth1", "sandbox": "/x"}],
+    )
     cni = factory()
-    cni.load(with_conf_list_bytes(fake_plugins.conflist(fake_plugins.plugin("fake-a", ADD={"result": res100}),
-                                                        version="1.0.0")))
+    cni.load(
+        with_conf_list_bytes(
+            fake_plugins.conflist(fake_plugins.plugin("fake-a", ADD={"result": res100}), version="1.0.0")
+        )
+    )
     res = cni.setup("c1", "/x")
     assert [str(c.ip) for c in res.interfaces["eth0"].ip_configs] == ["10.0.0.1"]
     assert str(res.interfaces["eth0"].ip_configs[0].gateway) == "10.0.0.255"
@@ -189,8 +208,13 @@ class TestResultMapping:
             GoCNIResult.from_results([bad])
 
     def test_go_json_shape(self):
-        a = parse_result(result("1.0.0", [{"address": "10.0.0.1/24", "gateway": "10.0.0.254", "interface": 0}],
-                                [{"name": "eth0", "sandbox": "/x"}]))
+        a = parse_result(
+            result(
+                "1.0.0",
+                [{"address": "10.0.0.1/24", "gateway": "10.0.0.254", "interface": 0}],
+                [{"name": "eth0", "sandbox": "/x"}],
+            )
+        )
         out = GoCNIResult.from_results([a]).to_go_json()
         assert out["Interfaces"]["eth0"]["IPConfigs"] == [{"IP": "10.0.0.1", "Gateway": "10.0.0.254"}]
         assert out["Interfaces"]["eth0"]["Sandbox"] == "/x"

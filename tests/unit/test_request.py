@@ -52,8 +52,13 @@ def test_capabilities_kept_for_libcni_parity_unless_stripped():
 def test_gc_sends_both_attachment_keys_and_no_runtime_config_or_prev_result():
     p = plugin(capabilities={"portMappings": True})
     out = build_config(
-        p, name="n", cni_version="1.1.0", gc=True, valid_attachments=[Attachment("c1", "eth0")],
-        prev_result={"x": 1}, capability_args={"portMappings": []},
+        p,
+        name="n",
+        cni_version="1.1.0",
+        gc=True,
+        valid_attachments=[Attachment("c1", "eth0")],
+        prev_result={"x": 1},
+        capability_args={"portMappings": []},
     )
     expected = [{"containerID": "c1", "ifname": "eth0"}]
     assert out["cni.dev/valid-attachments"] == expected and out["cni.dev/attachments"] == expected
@@ -69,7 +74,11 @@ def test_plugin_config_is_not_mutated():
 def test_request_env_always_has_six_vars():
     req = build_request("GC", {"a": 1}, None, ["/a", "/b"])
     assert req.env() == {
-        "CNI_COMMAND": "GC", "CNI_CONTAINERID": "", "CNI_NETNS": "", "CNI_IFNAME": "", "CNI_ARGS": "",
+        "CNI_COMMAND": "GC",
+        "CNI_CONTAINERID": "",
+        "CNI_NETNS": "",
+        "CNI_IFNAME": "",
+        "CNI_ARGS": "",
         "CNI_PATH": "/a:/b",
     }
     rt = RuntimeConf("c", "/run/netns/x", "eth1", args=[("K", "V"), ("IgnoreUnknown", "1")])
@@ -82,9 +91,7 @@ def test_cni_args_that_would_corrupt_the_string_are_refused(pair):
         format_cni_args([pair])
 
 
-@pytest.mark.parametrize(
-    "cid, code", [("", 3), ("-x", 4), ("a/b", 4), ("a b", 4), ("../x", 4), ("x\n", 4)]
-)
+@pytest.mark.parametrize("cid, code", [("", 3), ("-x", 4), ("a/b", 4), ("a b", 4), ("../x", 4), ("x\n", 4)])
 def test_container_id_validation(cid, code):
     with pytest.raises(InvalidArgumentError) as e:
         validate_container_id(cid)

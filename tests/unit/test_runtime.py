@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -99,9 +98,7 @@ class TestAdd:
         r = runtime.add_network_list(net(fake_plugins, fake_plugins.plugin("fake-a", ADD={"result": old})), RT)
         assert r.cni_version == "0.3.1"
         unversioned = {"ips": [{"address": "198.18.0.9/24"}]}
-        r = runtime.add_network_list(
-            net(fake_plugins, fake_plugins.plugin("fake-a", ADD={"result": unversioned})), RT
-        )
+        r = runtime.add_network_list(net(fake_plugins, fake_plugins.plugin("fake-a", ADD={"result": unversioned})), RT)
         assert r.cni_version == "1.1.0"
 
     def test_cache_written_after_success(self, runtime, fake_plugins):
@@ -140,8 +137,12 @@ class TestAdd:
             runtime.add_network_list(n, RT, rollback=True)
         order = [(c["type"], c["env"]["CNI_COMMAND"]) for c in fake_plugins.calls()]
         assert order == [
-            ("fake-a", "ADD"), ("fake-b", "ADD"), ("fake-c", "ADD"),
-            ("fake-c", "DEL"), ("fake-b", "DEL"), ("fake-a", "DEL"),
+            ("fake-a", "ADD"),
+            ("fake-b", "ADD"),
+            ("fake-c", "ADD"),
+            ("fake-c", "DEL"),
+            ("fake-b", "DEL"),
+            ("fake-a", "DEL"),
         ]
 
 
