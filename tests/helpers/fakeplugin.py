@@ -12,7 +12,6 @@ Every call is appended to ``fake.log`` (a JSON line with the env's CNI_* and the
 
 import json
 import os
-import signal
 import sys
 import time
 

@@ -16,7 +16,7 @@ def links(path: str) -> dict[str, dict[str, Any]]:
         with IPRoute() as ipr:
             by_index = {link["index"]: link for link in ipr.get_links()}
             out = {}
-            for index, link in by_index.items():
+            for link in by_index.values():
                 info = link.get_attr("IFLA_LINKINFO")
                 master = link.get_attr("IFLA_MASTER")
                 out[link.get_attr("IFLA_IFNAME")] = {

@@ -26,7 +26,10 @@ class TestConflistParsing:
         assert (net.name, net.cni_version, [p.type for p in net.plugins]) == ("net", "1.0.0", ["bridge"])
 
     def test_unknown_keys_and_big_integers_are_preserved_exactly(self):
-        raw = b'{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"x","big":18446744073709551617,"f":1.5,"o":{"k":[1]}}]}'
+        raw = (
+            b'{"cniVersion":"1.0.0","name":"n",'
+            b'"plugins":[{"type":"x","big":18446744073709551617,"f":1.5,"o":{"k":[1]}}]}'
+        )
         plugin = config.conflist_from_bytes(raw).plugins[0]
         assert plugin.raw["big"] == 18446744073709551617 and isinstance(plugin.raw["big"], int)
         assert plugin.raw["f"] == 1.5 and plugin.raw["o"] == {"k": [1]}
