@@ -1,0 +1,121 @@
+"""Helpers the netlink/nftables plugins share: errors, config fields, results, attachments."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from pycni import netns
+from pycni.errors import CNIError, ErrorCode
+from pycni.plugin import PluginRequest
+from pycni.types import Result, convert, parse_result
+
+from .kernel.nft import Attachment
+
+__all__ = [
+    "fail",
+    "in_netns",
+    "netns_gone",
+    "Fields",
+    "ipam_result",
+    "prev_result",
+    "emit",
+    "attachment",
+]
+
+_CURRENT = "1.1.0"
+T = TypeVar("T")
+
+
+def fail(msg: str, details: str = "") -> CNIError:
+    """A plugin-internal error: code 999 with the message as text, as Go's skel reports one."""
+    return CNIError(msg, details, code=ErrorCode.INTERNAL)
+
+
+def in_netns(path: str | int, fn: Callable[..., T], *args: Any) -> T:
+    """:func:`pycni.netns.run_in`, with a namespace that cannot be entered reported as a CNI error."""
+    try:
+        return netns.run_in(path, fn, *args)
+    except netns.NetnsError as e:
+        raise fail(str(e)) from e
+
+
+def netns_gone(e: BaseException) -> bool:
+    """Whether ``e`` says the container's namespace path no longer exists."""
+    return isinstance(e, netns.NetnsError) and e.errno == errno.ENOENT
+
+
+class Fields:
+    """Typed reads of a plugin's JSON config; type errors read like Go's ``json.Unmarshal``.
+
+    ``prefix`` wraps every error (``failed to load netconf``), as the reference plugins do.
+    """
+
+    def __init__(self, config: Mapping[str, Any], prefix: str) -> None:
+        self.config = config
+        self.prefix = prefix
+
+    def error(self, msg: str) -> CNIError:
+        return fail(f"{self.prefix}: {msg}")
+
+    def _typed(self, key: str, types: tuple[type, ...], go: str, default: Any, source: Mapping[str, Any] | None) -> Any:
+        value = (self.config if source is None else source).get(key)
+        if value is None:
+            return default
+        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+            raise self.error(f"json: cannot unmarshal {_kind(value)} into Go struct field .{key} of type {go}")
+        return value
+
+    def flag(self, key: str, default: bool = False, source: Mapping[str, Any] | None = None) -> bool:
+        return self._typed(key, (bool,), "bool", default, source)
+
+    def integer(self, key: str, default: int = 0, source: Mapping[str, Any] | None = None) -> int:
+        return self._typed(key, (int,), "int", default, source)
+
+    def string(self, key: str, default: str = "", source: Mapping[str, Any] | None = None) -> str:
+        return self._typed(key, (str,), "string", default, source)
+
+    def mapping(self, key: str, source: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+        return self._typed(key, (dict,), "object", {}, source)
+
+    def array(self, key: str, source: Mapping[str, Any] | None = None) -> list[Any]:
+        return self._typed(key, (list,), "array", [], source)
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _as_current(data: Any, version: str) -> Result:
+    result = convert(parse_result(data, config_version=version), _CURRENT)
+    assert isinstance(result, Result)
+    return result
+
+
+def ipam_result(data: Any, request: PluginRequest) -> Result:
+    """A delegated IPAM plugin's ADD output, as a current (1.1.0) result."""
+    return _as_current(data, request.cni_version)
+
+
+def prev_result(request: PluginRequest) -> Result | None:
+    """``prevResult`` as a current (1.1.0) result (``None`` if absent)."""
+    prev = request.prev_result
+    return None if prev is None else _as_current(prev, request.cni_version)
+
+
+def emit(result: Result, request: PluginRequest) -> dict[str, Any]:
+    """The result as the JSON object to print at the config's ``cniVersion``."""
+    return convert(result, request.cni_version).to_json()
+
+
+def attachment(request: PluginRequest) -> Attachment:
+    return Attachment(request.network_name, request.container_id, request.ifname)

@@ -1,0 +1,536 @@
+"""bridge: a veth pair from the container to a Linux bridge (the reference plugin's semantics).
+
+Config keys, result shape (``[bridge, host veth, container]``, ``ips[*].interface == 2``) and
+error texts follow containernetworking/plugins v1.9.1. Where pycni differs, on purpose:
+
+* the container end of the veth is created directly in the container namespace by one
+  RTM_NEWLINK sent from the host side, already enslaved and UP on the host side;
+* the host veth gets an explicit random MAC, so udev's ``MACAddressPolicy=persistent`` leaves
+  it alone (the reference's #805: a MAC changing after ADD made CHECK fail);
+* an IPv6 gateway address is added to the bridge with ``IFA_F_NODAD``: the bridge owns it, so
+  it is usable at once instead of ~1 s later when DAD would finish;
+* ``ipMasq`` uses pycni's nftables table whatever ``ipMasqBackend`` says, and DEL removes the
+  masquerade elements from the attachment's record even when the netns is empty or gone or the
+  link is already deleted (the reference leaks them there: #810);
+* DEL returns as soon as the kernel has unlisted the container interface
+  (:func:`~.kernel.links.delete_link`);
+* ``isGateway`` together with ``vlan`` (the reference's ``<bridge>.<vlan>`` gateway veth) is
+  refused as unsupported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from pycni import netns
+from pycni.errors import CNIError, ErrorCode
+from pycni.plugin import Plugin, PluginRequest, delegate
+from pycni.types import DNS, Interface, IPConfig, Result, Route
+
+from ._common import Fields, attachment, emit, fail, in_netns, ipam_result, netns_gone, prev_result
+from .kernel import layout, links, nft, sysctl
+
+__all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
+
+DEFAULT_BRIDGE = "cni0"
+VETH_RETRIES = 10
+_IFNAME_BAD = re.compile(r'[/:\s"\\]')
+_MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
+_NO_PREV = "Required prevResult missing"
+
+
+@attrs.frozen
+class BridgeConfig:
+    bridge: str = DEFAULT_BRIDGE
+    is_gateway: bool = False
+    is_default_gateway: bool = False
+    force_address: bool = False
+    ip_masq: bool = False
+    mtu: int = 0
+    hairpin: bool = False
+    promisc: bool = False
+    vlan: int = 0
+    vlan_trunk: tuple[int, ...] = ()
+    preserve_default_vlan: bool = False
+    enable_dad: bool = False
+    macspoofchk: bool = False
+    disable_container_interface: bool = False
+    port_isolation: bool = False
+    ipam_type: str = ""
+    dns: DNS | None = None
+    mac: str = ""
+
+
+def _trunk(entries: list[Any]) -> tuple[int, ...]:
+    vids: set[int] = set()
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            raise fail("incorrect trunk id parameter")
+        lo, hi, one = entry.get("minID"), entry.get("maxID"), entry.get("id")
+        if lo is not None or hi is not None:
+            if lo is None:
+                raise fail("minID and maxID should be configured simultaneously, minID is missing")
+            if hi is None:
+                raise fail("minID and maxID should be configured simultaneously, maxID is missing")
+            if not isinstance(lo, int) or isinstance(lo, bool) or not 0 < lo <= 4094:
+                raise fail("incorrect trunk minID parameter")
+            if not isinstance(hi, int) or isinstance(hi, bool) or not 0 < hi <= 4094:
+                raise fail("incorrect trunk maxID parameter")
+            if hi < lo:
+                raise fail("minID is greater than maxID in trunk parameter")
+            vids.update(range(lo, hi + 1))
+        if one is not None:
+            if not isinstance(one, int) or isinstance(one, bool) or not 0 < one <= 4094:
+                raise fail("incorrect trunk id parameter")
+            vids.add(one)
+    return tuple(sorted(vids))
+
+
+def _cni_args_mac(args: str) -> str:
+    pairs = dict(p.split("=", 1) for p in args.split(";") if p) if args else {}
+    unknown = [f"{k}={v}" for k, v in pairs.items() if k not in ("IgnoreUnknown", "MAC")]
+    if unknown and pairs.get("IgnoreUnknown", "").lower() not in ("1", "true"):
+        raise fail("ARGS: unknown args [" + " ".join(f'"{u}"' for u in unknown) + "]")
+    return pairs.get("MAC", "")
+
+
+def load_config(request: PluginRequest) -> BridgeConfig:
+    """The bridge config, validated with the reference's errors."""
+    f = Fields(request.config, "failed to load netconf")
+    bridge = f.string("bridge") or DEFAULT_BRIDGE
+    if len(bridge) > 15 or bridge in (".", "..") or _IFNAME_BAD.search(bridge):
+        raise f.error(f'invalid bridge name "{bridge}"')
+    vlan = f.integer("vlan")
+    if not 0 <= vlan <= 4094:
+        raise fail(f"invalid VLAN ID {vlan} (must be between 0 and 4094)")
+    trunk = _trunk(f.array("vlanTrunk"))
+    ipam = f.mapping("ipam")
+    ipam_type = f.string("type", source=ipam)
+    disable = f.flag("disableContainerInterface")
+    if ipam_type and disable:
+        raise fail("cannot use IPAM when DisableContainerInterface flag is set")
+    dns_obj = request.config.get("dns")
+    dns = DNS.from_json(dns_obj) if isinstance(dns_obj, Mapping) else None
+    mac = _cni_args_mac(request.args)
+    cni_args = f.mapping("cni", source=f.mapping("args"))
+    mac = f.string("mac", source=cni_args) or mac
+    mac = f.string("mac", source=request.runtime_config) or mac
+    if mac and not _MAC.fullmatch(mac):
+        raise fail(f'invalid MAC address "{mac}"')
+    is_default_gateway = f.flag("isDefaultGateway")
+    conf = BridgeConfig(
+        bridge=bridge,
+        is_gateway=f.flag("isGateway") or is_default_gateway,
+        is_default_gateway=is_default_gateway,
+        force_address=f.flag("forceAddress"),
+        ip_masq=f.flag("ipMasq"),
+        mtu=f.integer("mtu"),
+        hairpin=f.flag("hairpinMode"),
+        promisc=f.flag("promiscMode"),
+        vlan=vlan,
+        vlan_trunk=trunk,
+        preserve_default_vlan=f.flag("preserveDefaultVlan"),
+        enable_dad=f.flag("enabledad"),
+        macspoofchk=f.flag("macspoofchk"),
+        disable_container_interface=disable,
+        port_isolation=f.flag("portIsolation"),
+        ipam_type=ipam_type,
+        dns=dns if dns and dns.to_json() else None,
+        mac=mac.lower(),
+    )
+    if conf.hairpin and conf.promisc:
+        raise fail("cannot set hairpin mode and promiscuous mode at the same time")
+    if conf.is_gateway and conf.vlan:
+        raise CNIError("isGateway together with vlan is not supported", code=ErrorCode.UNSUPPORTED_FIELD)
+    return conf
+
+
+# --- container side (runs in a thread inside the container's namespace) -------------------------
+
+
+def _quiet_sysctl(name: str, value: int) -> None:
+    with contextlib.suppress(OSError):
+        sysctl.write(name, value)
+
+
+def _configure_container(ifname: str, ips: tuple[IPConfig, ...], routes: tuple[Route, ...], enable_dad: bool) -> str:
+    """Sysctls, addresses, link up and routes on the container end; returns its MAC."""
+    with links.iproute() as ipr:
+        link = links.get_link(ipr, ifname)
+        if link is None:
+            raise fail(f'failed to lookup "{ifname}": Link not found')
+        if enable_dad:
+            _quiet_sysctl(f"net/ipv6/conf/{ifname}/enhanced_dad", 1)
+            _quiet_sysctl(f"net/ipv6/conf/{ifname}/accept_dad", 1)
+        else:
+            _quiet_sysctl(f"net/ipv6/conf/{ifname}/accept_dad", 0)
+        _quiet_sysctl(f"net/ipv4/conf/{ifname}/arp_notify", 1)
+        gateways: dict[int, str] = {}
+        has_v6 = False
+        for ip in ips:
+            if ip.interface != 2:
+                raise fail(f"failed to add IP addr {ip.address} to {ifname}: invalid interface index")
+            if ip.address.version == 6 and not has_v6:
+                has_v6 = True
+                for name in ("lo", ifname):
+                    with contextlib.suppress(OSError):
+                        sysctl.ensure(f"net/ipv6/conf/{name}/disable_ipv6", 0)
+                try:
+                    sysctl.write(f"net/ipv6/conf/{ifname}/keep_addr_on_down", 1)
+                except OSError as e:
+                    raise fail(f"failed to set sysctl keep_addr_on_down for {ifname}: {e.strerror}") from e
+            if ip.gateway is not None:
+                gateways.setdefault(ip.address.version, str(ip.gateway))
+            try:
+                links.add_address(ipr, link.index, ip.address)
+            except links.LinkError as e:
+                raise fail(f"failed to add IP addr {ip.address} to {ifname}: {e.strerror}") from e
+        try:
+            links.set_up(ipr, link.index)
+        except links.LinkError as e:
+            raise fail(f'failed to set "{ifname}" UP: {e.strerror}') from e
+        if 6 in gateways:
+            try:
+                links.wait_dad(ipr, link.index)
+            except links.LinkError as e:
+                raise fail(f"failed while waiting for addresses to settle: {e.strerror}") from e
+        for route in routes:
+            gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
+            try:
+                links.add_route(
+                    ipr,
+                    link.index,
+                    route.dst.network,
+                    gw,
+                    priority=route.priority,
+                    table=route.table,
+                    scope=route.scope,
+                )
+            except links.LinkError as e:
+                raise fail(f"failed to add route '{route.dst.network} via {gw} dev {ifname}': {e.strerror}") from e
+        return link.mac
+
+
+def _container_up(ifname: str) -> str:
+    with links.iproute() as ipr:
+        link = links.get_link(ipr, ifname)
+        if link is None:
+            raise fail(f'failed to lookup "{ifname}": Link not found')
+        links.set_up(ipr, link.index)
+        return link.mac
+
+
+def _container_mac(ifname: str) -> str:
+    with links.iproute() as ipr:
+        link = links.get_link(ipr, ifname)
+        if link is None:
+            raise fail(f'failed to lookup "{ifname}": Link not found')
+        return link.mac
+
+
+# --- gateway computation ------------------------------------------------------------------------
+
+
+def _gateways(conf: BridgeConfig, ipam: Result) -> tuple[tuple[IPConfig, ...], tuple[Route, ...], list[Any]]:
+    """IPs with ``interface: 2`` and gateways filled in, routes plus default routes, and the
+    gateway addresses (``gw/prefix``) the bridge needs."""
+    ips: list[IPConfig] = []
+    routes = list(ipam.routes)
+    bridge_addrs: list[Any] = []
+    defaults_added: set[int] = set()
+    for ip in ipam.ips:
+        gateway = ip.gateway
+        if gateway is None and conf.is_gateway:
+            gateway = ip.address.network.network_address + 1
+        ips.append(IPConfig(ip.address, gateway, 2))
+        version = ip.address.version
+        if conf.is_default_gateway and gateway is not None and version not in defaults_added:
+            default = ipaddress.ip_interface("0.0.0.0/0" if version == 4 else "::/0")
+            has_default = any(r.dst == default and r.gw is not None for r in ipam.routes)
+            if not has_default:
+                routes.append(Route(default, gateway))
+            defaults_added.add(version)
+        if conf.is_gateway and gateway is not None:
+            bridge_addrs.append(ipaddress.ip_interface(f"{gateway}/{ip.address.network.prefixlen}"))
+    return tuple(ips), tuple(routes), bridge_addrs
+
+
+def _ensure_gateway_addr(ipr: Any, br: links.Link, addr: Any, force: bool) -> None:
+    """The reference's ``ensureAddr``, cheapest first: EEXIST means exactly this address is there
+    (a concurrent ADD may have added it); only a new address is checked against the others."""
+    try:
+        if not links.add_address(ipr, br.index, addr, nodad=addr.version == 6, exist_ok=True):
+            return
+    except links.LinkError as e:
+        raise fail(f'could not add IP address {addr} to "{br.name}": {e.strerror}') from e
+    family = socket.AF_INET if addr.version == 4 else socket.AF_INET6
+    for have, _ in links.addresses(ipr, br.index, family):
+        if have == addr or (have.version == 6 and have.ip.is_link_local):
+            continue
+        if addr.version == 4 or addr.ip in have.network or have.ip in addr.network:
+            if not force:
+                links.del_address(ipr, br.index, addr)
+                raise fail(f'"{br.name}" already has an IP address different from {addr}')
+            links.del_address(ipr, br.index, have)
+
+
+# --- the plugin -------------------------------------------------------------------------------
+
+
+class BridgePlugin(Plugin):
+    type = "bridge"
+
+    def add(self, request: PluginRequest) -> dict[str, Any]:
+        conf = load_config(request)
+        try:
+            fd = netns.open_netns(request.netns)
+        except netns.NetnsError as e:
+            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+        undo: list[Callable[[], Any]] = []
+        try:
+            with links.iproute() as ipr:
+                result = self._add(request, conf, ipr, fd, undo)
+        except BaseException as e:
+            for step in reversed(undo):
+                with contextlib.suppress(Exception):
+                    step()
+            if isinstance(e, links.LinkError):
+                raise fail(str(e)) from e
+            raise
+        finally:
+            os.close(fd)
+        return emit(result, request)
+
+    def _add(
+        self, request: PluginRequest, conf: BridgeConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]
+    ) -> Result:
+        try:
+            br, _ = links.ensure_bridge(
+                ipr, conf.bridge, mtu=conf.mtu, vlan_filtering=bool(conf.vlan or conf.vlan_trunk)
+            )
+            if conf.promisc and not br.promisc:
+                links.set_up(ipr, br.index, promisc=True)
+        except links.LinkError as e:
+            raise fail(f'failed to create bridge "{conf.bridge}": {e.strerror}') from e
+        _quiet_sysctl(f"net/ipv6/conf/{conf.bridge}/accept_ra", 0)
+        if not br.up:
+            links.set_up(ipr, br.index)
+        host_name, host_mac = self._add_veth(request, conf, ipr, fd, br)
+        undo.append(lambda: links.delete_link(host_name))
+        _quiet_sysctl(f"net/ipv6/conf/{host_name}/accept_ra", 0)
+        try:
+            self._setup_port(ipr, conf, host_name)
+        except links.LinkError as e:
+            raise fail(f'failed to setup port "{host_name}" of bridge {conf.bridge}: {e.strerror}') from e
+        att = attachment(request)
+        if conf.macspoofchk:
+            undo.append(lambda: nft.release("spoofchk", att))
+            peer_mac = conf.mac or netns.run_in(fd, _container_mac, request.ifname)
+            nft.apply("spoofchk", att, layout.spoofchk_elements(host_name, peer_mac), (layout.SPOOFCHK,))
+        container = Interface(request.ifname, "", sandbox=request.netns)
+        result = Result("1.1.0", [Interface(br.name, br.mac), Interface(host_name, host_mac), container])
+        if conf.ipam_type:
+            result = self._add_l3(request, conf, ipr, fd, br, result, undo)
+        elif not conf.disable_container_interface:
+            mac = netns.run_in(fd, _container_up, request.ifname)
+            result = attrs.evolve(result, interfaces=[*result.interfaces[:2], attrs.evolve(container, mac=mac)])
+        else:
+            mac = netns.run_in(fd, _container_mac, request.ifname)
+            result = attrs.evolve(result, interfaces=[*result.interfaces[:2], attrs.evolve(container, mac=mac)])
+        if not conf.disable_container_interface:
+            state = links.wait_oper_up(ipr, host_name)
+            if state != "UP":
+                raise fail(f"bridge port in error state: {state.lower()}")
+        if not (conf.is_gateway and result.ips):  # else the bridge MAC was pinned to br.mac
+            final_br = links.get_link(ipr, index=br.index)
+            if final_br is not None:
+                result = attrs.evolve(result, interfaces=[Interface(br.name, final_br.mac), *result.interfaces[1:]])
+        return result
+
+    def _add_veth(
+        self, request: PluginRequest, conf: BridgeConfig, ipr: Any, fd: int, br: links.Link
+    ) -> tuple[str, str]:
+        host_mac = links.random_mac()
+        for _ in range(VETH_RETRIES):
+            host_name = links.random_veth_name()
+            try:
+                links.add_veth(
+                    ipr,
+                    host_name,
+                    host_mac,
+                    peer_name=request.ifname,
+                    peer_netns_fd=fd,
+                    peer_mac=conf.mac or None,
+                    mtu=conf.mtu,
+                    master=br.index,
+                )
+                return host_name, host_mac
+            except links.LinkError as e:
+                if e.errno != errno.EEXIST:
+                    raise fail(f"failed to make veth pair: {e.strerror}") from e
+                if links.get_link(ipr, host_name) is None:
+                    raise fail(
+                        f'container veth name ("{request.ifname}") peer provided ("{host_name}") already exists'
+                    ) from e
+        raise fail(f"failed to find a free veth name after {VETH_RETRIES} attempts")
+
+    def _setup_port(self, ipr: Any, conf: BridgeConfig, name: str) -> None:
+        if not (conf.hairpin or conf.port_isolation or conf.vlan or conf.vlan_trunk):
+            return
+        link = links.get_link(ipr, name)
+        if link is None:
+            raise links.LinkError(errno.ENODEV, f"{name}: Link not found")
+        index = link.index
+        links.set_brport(ipr, index, hairpin=conf.hairpin, isolated=conf.port_isolation)
+        if conf.vlan or conf.vlan_trunk:
+            pvid = conf.vlan or (1 if conf.vlan_trunk else 0)
+            links.set_port_vlans(ipr, index, pvid=pvid, tagged=conf.vlan_trunk, keep_default=conf.preserve_default_vlan)
+
+    def _add_l3(
+        self,
+        request: PluginRequest,
+        conf: BridgeConfig,
+        ipr: Any,
+        fd: int,
+        br: links.Link,
+        result: Result,
+        undo: list[Callable[[], Any]],
+    ) -> Result:
+        raw = delegate(request, conf.ipam_type, "ADD")
+        undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
+        ipam = ipam_result(raw, request)
+        if not ipam.ips:
+            raise fail("IPAM plugin returned missing IP config")
+        ips, routes, bridge_addrs = _gateways(conf, ipam)
+        mac = netns.run_in(fd, _configure_container, request.ifname, ips, routes, conf.enable_dad)
+        if bridge_addrs:
+            for addr in bridge_addrs:
+                _ensure_gateway_addr(ipr, br, addr, conf.force_address)
+            with contextlib.suppress(links.LinkError):
+                links.set_mac(ipr, br.index, br.mac)
+            for version in sorted({a.version for a in bridge_addrs}):
+                name = "net/ipv4/ip_forward" if version == 4 else "net/ipv6/conf/all/forwarding"
+                try:
+                    sysctl.ensure(name, 1)
+                except OSError as e:
+                    raise fail(f"failed to enable forwarding: {e.strerror}") from e
+        if conf.ip_masq:
+            att = attachment(request)
+            undo.append(lambda: nft.release("masq", att))
+            sections = [layout.MASQ, *{layout.masq_subnet(ip.address.network) for ip in ips}]
+            try:
+                nft.apply("masq", att, [layout.masq_element(ip.address) for ip in ips], sections)
+            except nft.NftError as e:
+                raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
+        interfaces = list(result.interfaces)
+        interfaces[2] = attrs.evolve(interfaces[2], mac=mac)
+        dns = conf.dns if conf.dns is not None else ipam.dns
+        return attrs.evolve(result, interfaces=interfaces, ips=ips, routes=routes, dns=dns)
+
+    def delete(self, request: PluginRequest) -> None:
+        conf = load_config(request)
+        if request.netns:
+            try:
+                netns.run_in(request.netns, links.delete_link, request.ifname)
+            except netns.NetnsError as e:
+                if not netns_gone(e):
+                    raise fail(str(e)) from e
+            except links.LinkError as e:
+                raise fail(f'failed to delete "{request.ifname}": {e.strerror}') from e
+        # nftables state first: it comes from the attachment's records, needs neither the
+        # netns nor the link, and must not stay behind when IPAM DEL fails.
+        att = attachment(request)
+        nft.release("spoofchk", att)
+        nft.release("masq", att)
+        if conf.ipam_type:
+            delegate(request, conf.ipam_type, "DEL")
+
+    def check(self, request: PluginRequest) -> None:
+        conf = load_config(request)
+        try:
+            os.close(netns.open_netns(request.netns))
+        except netns.NetnsError as e:
+            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+        delegate(request, conf.ipam_type, "CHECK")
+        prev = prev_result(request)
+        if prev is None:
+            raise fail(_NO_PREV)
+        _check(request, conf, prev)
+
+
+def _check(request: PluginRequest, conf: BridgeConfig, prev: Result) -> None:
+    br_iface = next((i for i in prev.interfaces if i.name == conf.bridge), None)
+    ctr_iface = next((i for i in prev.interfaces if i.name == request.ifname and i.sandbox), None)
+    if ctr_iface is not None and ctr_iface.sandbox != request.netns:
+        raise fail(f"Sandbox in prevResult {ctr_iface.sandbox} doesn't match configured netns: {request.netns}")
+    with links.iproute() as ipr:
+        br = None
+        if br_iface is not None:
+            if br_iface.sandbox:
+                raise fail(f"Interface {br_iface.name} is not in the host namespace")
+            br = links.get_link(ipr, br_iface.name)
+            if br is None:
+                raise fail(f"Interface name {br_iface.name} not found")
+            if br.kind != "bridge":
+                raise fail(f"Interface {br.name} does not have link type of bridge")
+            if br_iface.mac and br_iface.mac.lower() != br.mac:
+                raise fail(f"Bridge interface {br.name} Mac doesn't match: {br_iface.mac}")
+            if br.promisc != conf.promisc:
+                raise fail(
+                    f"Bridge interface {br.name} configured Promisc Mode {str(conf.promisc).lower()} "
+                    f"doesn't match current state: {str(br.promisc).lower()} "
+                )
+        ctr = None
+        if ctr_iface is not None:
+            ctr = in_netns(request.netns, _check_container, ctr_iface, prev, request.ifname)
+        veth_found = False
+        if ctr is not None and br is not None:
+            for iface in prev.interfaces:
+                if iface is br_iface or iface is ctr_iface or iface.sandbox:
+                    continue
+                link = links.get_link(ipr, iface.name)
+                if link is None or link.kind != "veth":
+                    continue
+                if link.index == ctr.peer_index and link.peer_index == ctr.index and link.master == br.index:
+                    if iface.mac and iface.mac.lower() != link.mac:
+                        raise fail(f"Interface {iface.name} Mac doesn't match: {iface.mac} not found")
+                    veth_found = True
+                    break
+    if br is None:
+        raise fail(f"CNI created bridge {conf.bridge} in host namespace was not found")
+    if ctr is None:
+        raise fail(f"CNI created interface in container {request.ifname} not found")
+    if not veth_found:
+        raise fail(f"CNI veth created for bridge {conf.bridge} was not found")
+
+
+def _check_container(iface: Interface, prev: Result, ifname: str) -> links.Link:
+    with links.iproute() as ipr:
+        link = links.get_link(ipr, iface.name)
+        if link is None:
+            raise fail(f"Interface name {iface.name} not found")
+        if link.kind != "veth":
+            raise fail(f"Error: Container interface {link.name} not of type veth")
+        if iface.mac and iface.mac.lower() != link.mac:
+            raise fail(f"Interface {link.name} Mac {iface.mac} doesn't match container Mac: {link.mac}")
+        have = {a for a, _ in links.addresses(ipr, link.index)}
+        for ip in prev.ips:
+            if ip.interface is not None and ip.interface < len(prev.interfaces):
+                if prev.interfaces[ip.interface].name != ifname:
+                    continue
+            if ip.address not in have:
+                raise fail(f"Failed to match addr {ip.address} on interface {ifname}")
+        for route in prev.routes:
+            gw = str(route.gw) if route.gw is not None else None
+            if not links.has_route(ipr, link.index, route.dst.network, gw):
+                raise fail(f"Expected Route {route.to_json()} not found in routing table")
+        return link

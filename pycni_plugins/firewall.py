@@ -1,0 +1,86 @@
+"""firewall: accept forwarded traffic of the container's addresses, in pycni's nftables table.
+
+Semantics of the reference meta-plugin (cniVersion >= 0.4.0): for every prevResult address,
+forwarding is accepted *to* it for established/related connections and *from* it for anything;
+an admin chain (``iptablesAdminChainName``, default ``CNI-ADMIN``; Nomad uses ``NOMAD-ADMIN``)
+is jumped to first, so rules an admin puts there decide before ours; ``ingressPolicy``
+``same-bridge`` drops traffic between bridges that have the policy, ``isolated`` also within
+the bridge.
+
+Both ``backend`` values of the reference are served by the same nftables implementation here
+(no firewalld D-Bus calls; ``firewalldZone`` is ignored). One nftables rule to know: an
+``accept`` ends evaluation only in its own base chain, so another table's ``drop`` (say an
+``ip filter FORWARD`` chain with policy drop) still drops; our accept cannot override it the way
+an inserted rule in that chain would. A ``drop`` in the admin chain, on the other hand, is final.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pycni.plugin import Plugin, PluginRequest
+
+from ._common import Fields, attachment, emit, fail, prev_result
+from .kernel import layout, nft
+
+__all__ = ["FirewallPlugin"]
+
+DEFAULT_ADMIN_CHAIN = "CNI-ADMIN"
+POLICIES = ("open", "same-bridge", "isolated")
+_OWNER = "firewall"
+
+
+def _config(request: PluginRequest) -> tuple[str, str]:
+    f = Fields(request.config, "failed to load netconf")
+    admin = f.string("iptablesAdminChainName") or DEFAULT_ADMIN_CHAIN
+    if not layout.CHAIN_NAME.fullmatch(admin) or admin in layout.RESERVED_CHAINS:
+        raise fail(f'invalid iptablesAdminChainName "{admin}"')
+    policy = f.string("ingressPolicy") or "open"
+    if policy not in POLICIES:
+        raise fail(f'unknown ingress policy: "{policy}"')
+    f.string("backend")
+    return admin, policy
+
+
+class FirewallPlugin(Plugin):
+    type = "firewall"
+    supported_versions = ("0.4.0", "1.0.0", "1.1.0")
+
+    def add(self, request: PluginRequest) -> dict[str, Any]:
+        admin, policy = _config(request)
+        prev = prev_result(request)
+        if prev is None:
+            raise fail("missing prevResult from earlier plugin")
+        elements = [layout.firewall_element(ip.address.ip) for ip in prev.ips]
+        sections = [layout.FIREWALL, layout.admin_section(admin)]
+        shared: list[nft.Element] = []
+        if policy != "open":
+            if not prev.interfaces:
+                raise fail(
+                    f'interface needs to be set for ingress policy "{policy}", '
+                    'make sure to chain "firewall" plugin with "bridge"'
+                )
+            sections.append(layout.ISOLATION)
+            shared = layout.isolation_elements(prev.interfaces[0].name, policy == "isolated")
+        try:
+            # No element refers to the admin chain, so a missing one would not fail the
+            # optimistic transaction: ensure the sections first (memoised per thread and netns).
+            nft.ensure(sections)
+            nft.apply(_OWNER, attachment(request), elements, sections, shared)
+        except nft.NftError as e:
+            raise fail(f"failed to add firewall rules: {e.msg}", e.details) from e
+        return emit(prev, request)
+
+    def check(self, request: PluginRequest) -> None:
+        _config(request)
+        prev = prev_result(request)
+        if prev is None:
+            raise fail("missing prevResult from earlier plugin")
+        elements = [layout.firewall_element(ip.address.ip) for ip in prev.ips]
+        gone = nft.missing(attachment(request), elements)
+        if gone:
+            raise fail(f"expected firewall element {gone[0].key} not found in set {gone[0].set}")
+
+    def delete(self, request: PluginRequest) -> None:
+        _config(request)
+        nft.release(_OWNER, attachment(request))

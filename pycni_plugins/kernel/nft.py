@@ -1,0 +1,436 @@
+"""nftables for every pycni plugin: one transaction per operation, in pycni's own tables.
+
+Design (what and why)
+---------------------
+* **Own tables only.** Everything lives in ``table inet pycni`` (and ``table bridge pycni`` for
+  the MAC spoof check). Nothing here lists, flushes or edits anyone else's table.
+* **Per-container state is set/map elements, never rules.** The rules are a fixed skeleton that
+  looks containers up in hash sets and maps (see :mod:`.layout`), so the first packet of a
+  connection costs the same at 10 containers as at 10,000, and an ADD or DEL adds or deletes a
+  handful of elements whatever the table holds. Interval sets are avoided on purpose: libnftables
+  loads an interval set's elements into userspace to merge ranges, which makes every update
+  O(n); the same goes for ``get element``, ``list chain`` and dry runs, which are therefore kept
+  off the ADD/DEL path.
+* **One transaction.** An operation's changes are one ``Nftables.cmd`` call, which libnftables
+  sends as one netlink batch: it applies completely or not at all.
+* **The skeleton is created lazily and race-free.** A :class:`Section` (chains, sets, maps and
+  rules that belong together) is created by one transaction that starts with ``create chain
+  <sentinel>``; if a concurrent caller created it first, the sentinel's EEXIST rolls ours back
+  whole. ADD does not pay for this: its transaction is sent optimistically and the sections are
+  ensured only when it fails for a missing object.
+* **Who owns what.** Each element carries a ``comment`` naming its attachment
+  (``<key> <owner> <network> <containerID> <ifname>``, where ``key`` hashes the (network, container
+  ID, ifname) triple), and each (attachment, owner) has a record under the state dir listing its
+  elements (:class:`~.state.Records`). DEL reads the record, so it removes exactly what ADD added,
+  in O(1), even when the runtime passes no port mappings, no netns or no prevResult. Without a
+  record (state dir lost, or a second DEL) it falls back to a search by comment, which is O(n)
+  but also finds orphans; :func:`attachments` and :func:`remove` expose that for a GC.
+* **Deleting is "add, then delete" in one transaction.** nftables 1.0.6 has no ``destroy``: a
+  plain delete of a missing element fails the batch. Adding the element first makes the pair a
+  no-op when it is already gone, and when a *different* attachment now holds the key (a map
+  element with other data), the add fails with EEXIST and nothing of theirs is touched.
+* **Map keys are exclusive.** Adding a map element whose key is held with different data fails
+  with EEXIST; that is how a host port already published by another attachment is refused with
+  no change (see :class:`ElementConflict`). Re-adding identical elements is a no-op, which makes
+  a repeated ADD idempotent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from pycni.errors import CNIError, ErrorCode
+
+from .state import Records
+
+__all__ = [
+    "TABLE",
+    "NftError",
+    "ElementConflict",
+    "Attachment",
+    "Element",
+    "Section",
+    "run",
+    "ensure",
+    "apply",
+    "release",
+    "missing",
+    "holder",
+    "Found",
+    "attachments",
+    "remove",
+]
+
+TABLE = "pycni"
+FAMILIES = ("inet", "bridge")
+_RECORDS = Records("nft")
+_EPOCH = "epoch"
+_COMMENT_MAX = 127
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:/@+=-]")
+_COMMENT = re.compile(r'comment "([^"]*)"')
+
+
+class NftError(CNIError):
+    """libnftables refused a transaction; ``msg`` is its error text (first line)."""
+
+    default_code = ErrorCode.INTERNAL
+
+
+class ElementConflict(NftError):
+    """An element's key is held by someone else with different data (EEXIST)."""
+
+
+@attrs.frozen
+class Attachment:
+    """One (network, container ID, interface) attachment: the unit that owns elements."""
+
+    network: str
+    container_id: str
+    ifname: str
+
+    @property
+    def key(self) -> str:
+        raw = "\0".join((self.network, self.container_id, self.ifname)).encode()
+        return hashlib.sha256(raw).hexdigest()[:20]
+
+    def comment(self, owner: str) -> str:
+        parts = (self.key, owner, self.network, self.container_id, self.ifname)
+        return " ".join(_UNSAFE.sub("_", p) for p in parts)[:_COMMENT_MAX]
+
+
+@attrs.frozen
+class Element:
+    """An element of set/map ``set`` in ``table <family> pycni``, as nft text (key [: data])."""
+
+    set: str
+    key: str
+    data: str | None = None
+    family: str = "inet"
+
+    def _body(self, comment: str | None) -> str:
+        text = self.key
+        if comment is not None:
+            text += f' comment "{comment}"'
+        if self.data is not None:
+            text += f" : {self.data}"
+        return text
+
+    def add(self, comment: str | None = None) -> str:
+        return f"add element {self.family} {TABLE} {self.set} {{ {self._body(comment)} }}"
+
+    def delete(self) -> str:
+        return f"delete element {self.family} {TABLE} {self.set} {{ {self.key} }}"
+
+    def to_json(self) -> list[str | None]:
+        return [self.family, self.set, self.key, self.data]
+
+    @classmethod
+    def from_json(cls, row: Sequence[Any]) -> Element:
+        family, name, key, data = row
+        return cls(set=name, key=key, data=data, family=family)
+
+
+@attrs.frozen
+class Section:
+    """Shared structure created once per namespace by one transaction.
+
+    ``sentinel`` is the chain whose ``create`` (with ``spec``, e.g. a base chain's hook) opens
+    the transaction; ``body`` are the commands that follow it (sets and maps before the rules
+    that use them). Sections are ensured in the order given, so a later one may use an earlier.
+    """
+
+    family: str
+    sentinel: str
+    body: tuple[str, ...] = ()
+    spec: str = ""
+
+
+_local = threading.local()
+
+
+def _netns_ident() -> tuple[int, int]:
+    st = os.stat("/proc/thread-self/ns/net")
+    return st.st_dev, st.st_ino
+
+
+def _context() -> Any:
+    """The calling thread's libnftables context for its current network namespace.
+
+    A context's netlink socket is bound to the namespace it was created in. It is kept: closing
+    a socket that committed deletions makes the kernel flush its deferred-free work, an RCU
+    grace period (~13 ms) that a kept socket never waits for.
+    """
+    ident = _netns_ident()
+    cached = getattr(_local, "ctx", None)
+    if cached is not None and cached[0] == ident:
+        return cached[1]
+    import nftables
+
+    ctx = nftables.Nftables()
+    _local.ctx = (ident, ctx)
+    _local.ensured = set()
+    return ctx
+
+
+def _first_line(err: str) -> str:
+    return err.strip().splitlines()[0] if err.strip() else "unknown nftables error"
+
+
+def run(commands: Iterable[str]) -> None:
+    """Apply ``commands`` as one transaction; :class:`NftError` (nothing applied) on failure."""
+    text = "\n".join(commands)
+    if not text:
+        return
+    rc, _, err = _context().cmd(text)
+    if rc != 0:
+        first = _first_line(err)
+        cls = ElementConflict if "File exists" in first else NftError
+        raise cls(first, err.strip())
+
+
+def ensure(sections: Iterable[Section], *, force: bool = False) -> None:
+    """Create each section unless its sentinel chain exists (concurrent creators are fine).
+
+    Sections this thread already ensured in this namespace are skipped unless ``force``.
+    """
+    _context()
+    done: set[tuple[str, str]] = _local.ensured
+    for s in sections:
+        if not force and (s.family, s.sentinel) in done:
+            continue
+        spec = f" {s.spec}" if s.spec else ""
+        try:
+            run([f"add table {s.family} {TABLE}", f"create chain {s.family} {TABLE} {s.sentinel}{spec}", *s.body])
+        except ElementConflict:
+            pass
+        done.add((s.family, s.sentinel))
+
+
+def _commit(commands: list[str], sections: Sequence[Section]) -> None:
+    try:
+        run(commands)
+    except ElementConflict:
+        raise
+    except NftError:
+        if not sections:
+            raise
+        ensure(sections, force=True)
+        run(commands)
+
+
+def _record_name(attachment: Attachment, owner: str) -> str:
+    return f"{attachment.key}.{owner}"
+
+
+def _load(attachment: Attachment, owner: str) -> list[Element] | None:
+    rec = _RECORDS.load(_record_name(attachment, owner))
+    return None if rec is None else [Element.from_json(r) for r in rec.get("elements", ())]
+
+
+def _epoch() -> str | None:
+    rec = _RECORDS.load(_EPOCH)
+    return rec if isinstance(rec, str) else None
+
+
+def _store(attachment: Attachment, owner: str, elements: Iterable[Element]) -> None:
+    if _epoch() is None:
+        # First record in this state dir: tie the dir to this table instance (see _authoritative).
+        token = secrets.token_hex(7)
+        run(
+            [
+                f"add table inet {TABLE}",
+                f"add set inet {TABLE} {_EPOCH} {{ type ifname; }}",
+                _epoch_element(token).add(),
+            ]
+        )
+        _RECORDS.store(_EPOCH, token)
+    _RECORDS.store(
+        _record_name(attachment, owner),
+        {"attachment": attrs.asdict(attachment), "owner": owner, "elements": [e.to_json() for e in elements]},
+    )
+
+
+def _drop(elements: Iterable[Element]) -> list[str]:
+    out = []
+    for e in elements:
+        out += [e.add(), e.delete()]
+    return out
+
+
+def apply(
+    owner: str,
+    attachment: Attachment,
+    elements: Sequence[Element],
+    sections: Sequence[Section] = (),
+    shared: Sequence[Element] = (),
+) -> None:
+    """Make ``elements`` the attachment's elements for ``owner``, in one transaction.
+
+    Elements recorded by an earlier ADD of the same attachment and not wanted now are removed
+    in the same transaction. The record is written before the commit (listing old and new), so a
+    crash in between can leak nothing a later DEL would not find. ``shared`` elements (e.g. a
+    bridge's isolation entries) are added in the same transaction but belong to no attachment:
+    they are neither recorded nor commented, and no DEL removes them.
+    """
+    old = _load(attachment, owner) or []
+    wanted = list(dict.fromkeys(elements))
+    stale = [e for e in old if e not in wanted]
+    _store(attachment, owner, [*stale, *wanted])
+    comment = attachment.comment(owner)
+    try:
+        _commit([*_drop(stale), *(e.add(comment) for e in wanted), *(e.add() for e in shared)], sections)
+    except BaseException:
+        if old:
+            _store(attachment, owner, old)
+        else:
+            _RECORDS.remove(_record_name(attachment, owner))
+        raise
+    if stale:
+        _store(attachment, owner, wanted)
+
+
+def _epoch_element(token: str) -> Element:
+    return Element(_EPOCH, f'"{token}"')
+
+
+def _authoritative() -> bool:
+    """Whether the state dir's records describe this table: then a missing record means "no
+    elements" (a repeated DEL) and the O(n) search by comment can be skipped. The first record
+    written to a state dir puts a random token both in the dir and in ``set inet pycni epoch``;
+    a lost state dir, or a table rebuilt behind our back, breaks the pair."""
+    token = _epoch()
+    return token is not None and holder(_epoch_element(token)) is not None
+
+
+def release(owner: str, attachment: Attachment) -> None:
+    """Remove the attachment's elements for ``owner``; a no-op when there are none."""
+    recorded = _load(attachment, owner)
+    if recorded is None:
+        if not _authoritative():
+            _remove_found(_search(attachment.key, owner))
+        return
+    if recorded:
+        try:
+            run(_drop(recorded))
+        except NftError:
+            # The table or a set is gone, or another attachment holds one of the keys now:
+            # go element by element and leave alone what is not ours.
+            for e in recorded:
+                try:
+                    run(_drop([e]))
+                except NftError:
+                    continue
+    _RECORDS.remove(_record_name(attachment, owner))
+
+
+def missing(attachment: Attachment, elements: Iterable[Element]) -> list[Element]:
+    """The ``elements`` not present as this attachment's (for CHECK; O(n) per set)."""
+    prefix = attachment.key + " "
+    return [e for e in elements if not (holder(e) or "").startswith(prefix)]
+
+
+def holder(element: Element) -> str | None:
+    """The comment of the element holding ``element``'s key (``""`` if uncommented), or ``None``."""
+    # libnftables 1.0.6 prints nothing for "get element" in JSON mode, so read the text form.
+    rc, out, _ = _context().cmd(f"get element {element.family} {TABLE} {element.set} {{ {element.key} }}")
+    if rc != 0 or "elements = {" not in out:
+        return None
+    found = _COMMENT.search(out)
+    return found.group(1) if found else ""
+
+
+@attrs.frozen
+class Found:
+    """An element found in pycni's tables by listing them (JSON values as libnftables gives them)."""
+
+    comment: str
+    family: str
+    set: str
+    key: Any
+    data: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"family": self.family, "set": self.set, "key": self.key, "data": self.data}
+
+    def _elem(self) -> dict[str, Any]:
+        return {"family": self.family, "table": TABLE, "name": self.set}
+
+    def drop(self) -> list[dict[str, Any]]:
+        value = self.key if self.data is None else [self.key, self.data]
+        return [
+            {"add": {"element": {**self._elem(), "elem": [value]}}},
+            {"delete": {"element": {**self._elem(), "elem": [self.key]}}},
+        ]
+
+
+def _listing() -> list[Found]:
+    """Every commented element of pycni's tables (O(n): the GC and fallback path only)."""
+    found: list[Found] = []
+    ctx = _context()
+    for family in FAMILIES:
+        rc, out, _ = ctx.json_cmd({"nftables": [{"list": {"table": {"family": family, "name": TABLE}}}]})
+        if rc != 0:
+            continue
+        for obj in out.get("nftables", ()):
+            for kind in ("set", "map"):
+                body = obj.get(kind)
+                for elem in (body or {}).get("elem", ()):
+                    key, data = (elem[0], elem[1]) if kind == "map" else (elem, None)
+                    if isinstance(key, dict) and "elem" in key and key["elem"].get("comment"):
+                        found.append(Found(key["elem"]["comment"], family, body["name"], key["elem"]["val"], data))
+    return found
+
+
+def _search(key: str, owner: str | None = None) -> list[Found]:
+    out = []
+    for f in _listing():
+        parts = f.comment.split(" ")
+        if parts[0] == key and (owner is None or (len(parts) > 1 and parts[1] == owner)):
+            out.append(f)
+    return out
+
+
+def _remove_found(found: Sequence[Found]) -> None:
+    if not found:
+        return
+    ctx = _context()
+    rc, _, _ = ctx.json_cmd({"nftables": [c for f in found for c in f.drop()]})
+    if rc != 0:
+        for f in found:
+            ctx.json_cmd({"nftables": f.drop()})
+
+
+def attachments() -> dict[str, dict[str, Any]]:
+    """pycni-owned elements grouped by attachment key (for GC/reconcile; O(n)).
+
+    ``{key: {"comment": str, "record": {network, container_id, ifname} | None,
+    "elements": {owner: [{"family", "set", "key", "data"}, ...]}}}``; a key with a record but
+    no elements is listed too.
+    """
+    groups: dict[str, dict[str, Any]] = {}
+    for f in _listing():
+        parts = f.comment.split(" ")
+        group = groups.setdefault(parts[0], {"comment": f.comment, "record": None, "elements": {}})
+        group["elements"].setdefault(parts[1] if len(parts) > 1 else "", []).append(f.to_json())
+    for name in _RECORDS.names():
+        rec = _RECORDS.load(name) if name != _EPOCH else None
+        if isinstance(rec, dict):
+            group = groups.setdefault(name.split(".", 1)[0], {"comment": "", "record": None, "elements": {}})
+            group["record"] = rec.get("attachment")
+    return groups
+
+
+def remove(key: str) -> None:
+    """Remove every element and record of the attachment with this key, whatever its owner."""
+    _remove_found(_search(key))
+    for name in _RECORDS.names():
+        if name != _EPOCH and name.split(".", 1)[0] == key:
+            _RECORDS.remove(name)

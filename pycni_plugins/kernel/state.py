@@ -1,0 +1,118 @@
+"""Small JSON records under pycni's state dir (``$PYCNI_STATE_DIR``, default ``/run/pycni``).
+
+The default is on tmpfs on purpose: the records describe kernel state (nftables elements) and
+must die with it at reboot. Directories are 0700 and files 0600; every path below the state dir
+is opened relative to a directory fd with ``O_NOFOLLOW``, so a symlink planted in the state dir
+is refused rather than followed. Writes are atomic (temporary file + ``rename``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+import stat
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["DEFAULT_STATE_DIR", "state_dir", "Records"]
+
+DEFAULT_STATE_DIR = "/run/pycni"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def state_dir() -> str:
+    return os.environ.get("PYCNI_STATE_DIR") or DEFAULT_STATE_DIR
+
+
+def _check_name(name: str) -> str:
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"invalid record name {name!r}")
+    return name
+
+
+class Records:
+    """The records of one kind (``sub``, a directory below the state dir)."""
+
+    def __init__(self, sub: str, root: str | None = None) -> None:
+        self.sub = _check_name(sub)
+        self.root = root
+
+    @contextlib.contextmanager
+    def _dir(self, create: bool) -> Iterator[int | None]:
+        root = self.root or state_dir()
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.makedirs(root, mode=0o700)
+        try:
+            top = os.open(root, _DIR_FLAGS)
+        except FileNotFoundError:
+            if create:
+                raise
+            yield None
+            return
+        try:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(self.sub, 0o700, dir_fd=top)
+            try:
+                fd = os.open(self.sub, _DIR_FLAGS, dir_fd=top)
+            except FileNotFoundError:
+                if create:
+                    raise
+                yield None
+                return
+            try:
+                st = os.fstat(fd)
+                if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
+                    raise PermissionError(
+                        errno.EPERM, f"state dir {root}/{self.sub} must be private to uid {os.geteuid()}"
+                    )
+                yield fd
+            finally:
+                os.close(fd)
+        finally:
+            os.close(top)
+
+    def load(self, name: str) -> Any | None:
+        with self._dir(create=False) as d:
+            if d is None:
+                return None
+            try:
+                fd = os.open(_check_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+            except FileNotFoundError:
+                return None
+            with os.fdopen(fd, "rb") as f:
+                return json.loads(f.read())
+
+    def store(self, name: str, data: Any) -> None:
+        payload = json.dumps(data, separators=(",", ":")).encode()
+        with self._dir(create=True) as d:
+            tmp = f".{_check_name(name)}.{secrets.token_hex(4)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(payload)
+                os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=d)
+                raise
+
+    def remove(self, name: str) -> bool:
+        with self._dir(create=False) as d:
+            if d is None:
+                return False
+            try:
+                os.unlink(_check_name(name), dir_fd=d)
+            except FileNotFoundError:
+                return False
+            return True
+
+    def names(self) -> list[str]:
+        with self._dir(create=False) as d:
+            if d is None:
+                return []
+            return sorted(n for n in os.listdir(d) if not n.startswith("."))

@@ -1,0 +1,218 @@
+"""portmap: publish host ports to the container with DNAT, in pycni's nftables table.
+
+Config and semantics follow the reference plugin (``runtimeConfig.portMappings`` with
+``hostPort``/``containerPort``/``protocol``/``hostIP``, also in Go field-name spelling; ``snat``
+default true; ``masqAll``), with these differences, all deliberate:
+
+* one fixed skeleton and per-container map elements (:mod:`.kernel.layout`) instead of a chain
+  and rules per container; DNAT only for local destinations (``fib daddr type local``), in
+  prerouting and output, for IPv4 and IPv6;
+* a host (protocol, host IP, port) already published by another attachment is refused with an
+  error and nothing changed (the reference silently shadows it); re-ADD of the same attachment
+  is idempotent and replaces its previous mappings in the same transaction;
+* DEL removes exactly what ADD added, from the attachment's record, whether or not the runtime
+  passes the mappings again (the reference's DEL is a no-op without them: leaked rules);
+* the hairpin/localhost masquerade covers connections from the container's whole subnet (as the
+  reference's legacy backend, not its nftables one, which only covers the container itself);
+* ``backend`` is accepted and served by nftables; ``markMasqBit`` is validated and otherwise
+  unused; ``externalSetMarkChain`` and ``conditionsV4``/``conditionsV6`` are refused (code 2);
+* stale UDP conntrack entries for a newly published port are not flushed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from pycni.errors import CNIError, ErrorCode
+from pycni.plugin import Plugin, PluginRequest
+from pycni.types import Result
+
+from ._common import Fields, attachment, emit, fail, prev_result
+from .kernel import layout, links, nft, sysctl
+
+__all__ = ["PortMapping", "PortmapPlugin", "parse_mappings"]
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+PROTOCOLS = ("tcp", "udp", "sctp")
+_OWNER = "portmap"
+_NOT_CHAINED = "must be called as chained plugin"
+
+
+@attrs.frozen
+class PortMapping:
+    host_port: int
+    container_port: int
+    protocol: str
+    host_ip: IPAddress | None = None  # None: every local address of the container's family
+    host_ip_family: int = 0  # 4 or 6 when hostIP names a family (also 0.0.0.0 / ::), else 0
+
+
+def _field(entry: Mapping[str, Any], name: str) -> Any:
+    """Go's case-insensitive JSON field matching (``hostPort`` and ``HostPort`` both work)."""
+    if name in entry:
+        return entry[name]
+    low = name.lower()
+    return next((v for k, v in entry.items() if isinstance(k, str) and k.lower() == low), None)
+
+
+def parse_mappings(config: Mapping[str, Any]) -> list[PortMapping]:
+    runtime = config.get("runtimeConfig")
+    entries = runtime.get("portMappings") if isinstance(runtime, Mapping) else None
+    if not entries:
+        return []
+    if not isinstance(entries, list):
+        raise fail("failed to parse config: portMappings must be a list")
+    out: list[PortMapping] = []
+    seen: set[tuple[str, int, int, str]] = set()
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            raise fail("failed to parse config: invalid port mapping")
+        host_port, container_port = _field(entry, "hostPort"), _field(entry, "containerPort")
+        protocol = _field(entry, "protocol") or "tcp"
+        host_ip_text = _field(entry, "hostIP") or ""
+        if not isinstance(container_port, int) or isinstance(container_port, bool) or not 0 < container_port < 65536:
+            raise fail(f"Invalid container port number: {container_port}")
+        if not isinstance(host_port, int) or isinstance(host_port, bool) or not 0 < host_port < 65536:
+            raise fail(f"Invalid host port number: {host_port}")
+        if not isinstance(protocol, str) or protocol.lower() not in PROTOCOLS:
+            raise fail(f'unknown protocol "{protocol}"')
+        protocol = protocol.lower()
+        host_ip: IPAddress | None = None
+        family = 0
+        if host_ip_text:
+            try:
+                parsed = ipaddress.ip_address(host_ip_text)
+            except ValueError:
+                raise fail(f'invalid host ip "{host_ip_text}" provided for port {host_port}') from None
+            family = parsed.version
+            host_ip = None if parsed.is_unspecified else parsed
+        key = (protocol, host_port, family, str(host_ip))
+        if key in seen:
+            raise fail(f"duplicate port mapping {host_ip_text or '*'}:{host_port}/{protocol}")
+        seen.add(key)
+        out.append(PortMapping(host_port, container_port, protocol, host_ip, family))
+    return out
+
+
+def _check_options(request: PluginRequest) -> tuple[bool, bool]:
+    f = Fields(request.config, "failed to parse config")
+    snat = f.flag("snat", default=True)
+    masq_all = f.flag("masqAll")
+    bit = request.config.get("markMasqBit")
+    external = f.string("externalSetMarkChain")
+    if bit is not None and external:
+        raise fail("Cannot specify externalSetMarkChain and markMasqBit")
+    if bit is not None and (not isinstance(bit, int) or isinstance(bit, bool) or not 0 <= bit <= 31):
+        raise fail("MasqMarkBit must be between 0 and 31")
+    for key in ("externalSetMarkChain", "conditionsV4", "conditionsV6"):
+        if request.config.get(key):
+            raise CNIError(f"{key} is not supported by pycni's nftables portmap", code=ErrorCode.UNSUPPORTED_FIELD)
+    return snat, masq_all
+
+
+def container_addresses(request: PluginRequest, prev: Result) -> list[IPInterface]:
+    """The first IPv4 and first IPv6 address of the container interface, as the reference picks."""
+    found: dict[int, IPInterface] = {}
+    for ip in prev.ips:
+        if ip.interface is not None:
+            if not 0 <= ip.interface < len(prev.interfaces):
+                continue
+            iface = prev.interfaces[ip.interface]
+            if iface.name != request.ifname or not iface.sandbox:
+                continue
+        found.setdefault(ip.address.version, ip.address)
+    return [found[v] for v in (4, 6) if v in found]
+
+
+def _elements(
+    mappings: list[PortMapping], addrs: list[IPInterface], snat: bool, masq_all: bool
+) -> tuple[list[nft.Element], list[nft.Section]]:
+    elements: list[nft.Element] = []
+    sections: list[nft.Section] = [layout.PORTMAP]
+    for addr in addrs:
+        for m in mappings:
+            if m.host_ip_family and m.host_ip_family != addr.version:
+                continue
+            elements.append(layout.hostport_element(m.protocol, m.host_port, addr.ip, m.container_port, m.host_ip))
+        if snat:
+            elements.append(layout.hairpin_element(addr, masq_all))
+            sections.append(layout.HAIRPIN_ALL if masq_all else layout.hairpin_subnet(addr.network))
+    return elements, sections
+
+
+def _route_localnet(addr: IPInterface) -> None:
+    """``route_localnet=1`` on the host interface that routes to the container, so that a
+    connection to 127.0.0.1:<hostPort> may leave with its (then masqueraded) loopback source."""
+    with links.iproute() as ipr:
+        oif = links.route_oif(ipr, str(addr.ip))
+    if oif is None:
+        return
+    with contextlib.suppress(OSError):
+        sysctl.ensure(f"net/ipv4/conf/{socket.if_indextoname(oif)}/route_localnet", 1)
+
+
+def _conflict(elements: list[nft.Element], att: nft.Attachment) -> CNIError:
+    prefix = att.key + " "
+    for e in elements:
+        if not e.set.startswith(("hostports", "hostip_hostports")):
+            continue
+        held = nft.holder(e)
+        if held is not None and not held.startswith(prefix):
+            parts = e.key.split(" . ")
+            where = f"{parts[0]}:" if len(parts) == 3 else ""
+            owner = " ".join(held.split(" ")[2:]) or "an unknown owner"
+            return fail(
+                f"host port {where}{parts[-1]}/{parts[-2]} is already mapped by another container ({owner})",
+                "nothing was changed",
+            )
+    return fail("failed to publish host ports: an nftables element is held by another attachment")
+
+
+class PortmapPlugin(Plugin):
+    type = "portmap"
+
+    def add(self, request: PluginRequest) -> dict[str, Any]:
+        snat, masq_all = _check_options(request)
+        prev = prev_result(request)
+        if prev is None:
+            raise fail(_NOT_CHAINED)
+        mappings = parse_mappings(request.config)
+        if not mappings:
+            return emit(prev, request)
+        addrs = container_addresses(request, prev)
+        elements, sections = _elements(mappings, addrs, snat, masq_all)
+        att = attachment(request)
+        try:
+            nft.apply(_OWNER, att, elements, sections)
+        except nft.ElementConflict as e:
+            raise _conflict(elements, att) from e
+        except nft.NftError as e:
+            raise fail(f"failed to publish host ports: {e.msg}", e.details) from e
+        if snat and not masq_all:
+            for addr in addrs:
+                if addr.version == 4:
+                    _route_localnet(addr)
+        return emit(prev, request)
+
+    def check(self, request: PluginRequest) -> None:
+        snat, masq_all = _check_options(request)
+        prev = prev_result(request)
+        if prev is None:
+            raise fail(_NOT_CHAINED)
+        mappings = parse_mappings(request.config)
+        if not mappings:
+            return
+        elements, _ = _elements(mappings, container_addresses(request, prev), snat, masq_all)
+        gone = nft.missing(attachment(request), elements)
+        if gone:
+            raise fail(f"missing hostport elements in table inet {nft.TABLE}: " + ", ".join(e.key for e in gone))
+
+    def delete(self, request: PluginRequest) -> None:
+        nft.release(_OWNER, attachment(request))

@@ -1,0 +1,169 @@
+"""Run a built-in plugin as a standard exec'd CNI plugin (Go's ``pkg/skel``, observable parts).
+
+``CNI_*`` env + stdin become the same :class:`~pycni.plugin.PluginRequest` the in-process path
+uses, so both paths are one code path inside the plugin. Output as Go's skel prints it:
+
+* a result: ``MarshalIndent`` with 4 spaces and no trailing newline; 1.x results with their
+  keys sorted (containernetworking/cni 1.3 re-marshals them through a map), older ones in
+  struct order; Go's HTML-safe escaping of ``<``, ``>`` and ``&``;
+* VERSION: compact JSON and a newline;
+* an error: ``{"code", "msg", "details"?}`` indented on stdout, exit status 1. Env checks and
+  codes: missing variables (4), container ID (3 missing, 4 invalid), network name (7),
+  interface name (4), undecodable config (6), unknown command (4), and, after a successful
+  ADD or DEL, the plugin's own netns passed as ``CNI_NETNS`` (unless ``CNI_NETNS_OVERRIDE=1``).
+
+Usage: ``python -m pycni_plugins.skel <type>`` or :func:`main` from a generated script
+(:mod:`.install`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any, NoReturn, TextIO
+
+from pycni._json import go_escape
+from pycni.errors import CNIError, ErrorCode
+from pycni.plugin import Plugin, PluginRequest, builtin_plugin
+
+__all__ = ["run", "main"]
+
+_REQUIRED = (
+    ("CNI_COMMAND", ("ADD", "CHECK", "DEL", "GC", "STATUS", "VERSION")),
+    ("CNI_CONTAINERID", ("ADD", "CHECK", "DEL")),
+    ("CNI_NETNS", ("ADD", "CHECK")),
+    ("CNI_IFNAME", ("ADD", "CHECK", "DEL")),
+    ("CNI_PATH", ("ADD", "CHECK", "DEL", "GC", "STATUS")),
+)
+_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
+
+
+def _error(msg: str, code: int, details: str = "") -> CNIError:
+    return CNIError(msg, details, code=code)
+
+
+def _dump(obj: Any, *, sort: bool) -> str:
+    return go_escape(json.dumps(obj, indent=4, sort_keys=sort, ensure_ascii=False))
+
+
+def _validate_ifname(name: str) -> None:
+    if not name:
+        raise _error("interface name is empty", ErrorCode.INVALID_ENVIRONMENT_VARIABLES)
+    if len(name) > 15:
+        raise _error(
+            "interface name is too long",
+            ErrorCode.INVALID_ENVIRONMENT_VARIABLES,
+            "interface name should be less than 16 characters",
+        )
+    if name in (".", ".."):
+        raise _error("interface name is . or ..", ErrorCode.INVALID_ENVIRONMENT_VARIABLES)
+    for c in name:
+        if c in "/:" or c.isspace():
+            raise _error(
+                "interface name contains / or : or whitespace characters", ErrorCode.INVALID_ENVIRONMENT_VARIABLES
+            )
+
+
+def _request(env: Mapping[str, str], stdin: bytes) -> PluginRequest:
+    command = env.get("CNI_COMMAND", "")
+    missing = [name for name, cmds in _REQUIRED if (command in cmds or name == "CNI_COMMAND") and not env.get(name)]
+    if missing:
+        raise _error(f"required env variables [{','.join(missing)}] missing", ErrorCode.INVALID_ENVIRONMENT_VARIABLES)
+    config: Any = {}
+    if command != "VERSION":
+        try:
+            config = json.loads(stdin or b"null")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _error(f"error unmarshall network config: {e}", ErrorCode.DECODING_FAILURE) from None
+        if not isinstance(config, dict):
+            raise _error("error unmarshall network config: not a JSON object", ErrorCode.DECODING_FAILURE)
+        if command in ("ADD", "CHECK", "DEL"):
+            cid = env.get("CNI_CONTAINERID", "")
+            if not cid:
+                raise _error("missing containerID", ErrorCode.UNKNOWN_CONTAINER)
+            if not _NAME.fullmatch(cid):
+                raise _error("invalid characters in containerID", ErrorCode.INVALID_ENVIRONMENT_VARIABLES, cid)
+            name = config.get("name")
+            if not isinstance(name, str) or not name:
+                raise _error("missing network name", ErrorCode.INVALID_NETWORK_CONFIG)
+            if not _NAME.fullmatch(name):
+                raise _error("invalid characters found in network name", ErrorCode.INVALID_NETWORK_CONFIG, name)
+            _validate_ifname(env.get("CNI_IFNAME", ""))
+    path = tuple(p for p in env.get("CNI_PATH", "").split(":") if p)
+    return PluginRequest(
+        command=command,
+        config=config,
+        container_id=env.get("CNI_CONTAINERID", ""),
+        netns=env.get("CNI_NETNS", ""),
+        ifname=env.get("CNI_IFNAME", ""),
+        args=env.get("CNI_ARGS", ""),
+        path=path,
+    )
+
+
+def _same_netns(path: str) -> bool:
+    try:
+        a, b = os.stat(path), os.stat("/proc/self/ns/net")
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def run(plugin: Plugin, env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
+    """One exec'd invocation: returns the exit status (0 or 1) after printing to ``stdout``."""
+    try:
+        request = _request(env, stdin)
+        out = plugin.handle(request)
+        if (
+            request.command in ("ADD", "DEL")
+            and request.netns
+            and env.get("CNI_NETNS_OVERRIDE") != "1"
+            and _same_netns(request.netns)
+        ):
+            raise _error("plugin's netns and netns from CNI_NETNS should not be the same", ErrorCode.INTERNAL)
+        if request.command == "VERSION":
+            stdout.write(json.dumps(out, separators=(",", ":")) + "\n")
+        elif out is not None:
+            version = str(out.get("cniVersion", ""))
+            stdout.write(_dump(out, sort=version.startswith("1.")))
+        return 0
+    except CNIError as e:
+        stdout.write(_dump(e.to_json(), sort=False))
+    except Exception as e:  # a crash is still a CNI error result, as Go's skel reports any error
+        stdout.write(_dump(_error(str(e) or type(e).__name__, ErrorCode.INTERNAL).to_json(), sort=False))
+    return 1
+
+
+def _load(target: str) -> Plugin:
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)()
+
+
+def main(plugin_type: str, target: str | None = None) -> NoReturn:
+    """Entry point of an installed plugin script: exits with the CNI exit status.
+
+    ``target`` (``module:Class``, resolved from the entry point at install time) spares the
+    entry-point scan, which imports every built-in plugin (~40 ms). It leaves through
+    ``os._exit`` once stdout is flushed: a one-shot plugin has nothing to finalise, and
+    interpreter teardown would only add milliseconds to every call.
+    """
+    plugin = _load(target) if target else builtin_plugin(plugin_type)
+    if plugin is None:
+        error = _error(f"unknown built-in plugin {plugin_type!r}", ErrorCode.INTERNAL)
+        sys.stdout.write(_dump(error.to_json(), sort=False))
+        status = 1
+    else:
+        status = run(plugin, os.environ, sys.stdin.buffer.read(), sys.stdout)
+    sys.stdout.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.stderr.write("usage: python -m pycni_plugins.skel <plugin type>\n")
+        sys.exit(2)
+    main(sys.argv[1])

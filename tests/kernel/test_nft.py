@@ -1,0 +1,86 @@
+"""The nftables layer: sections, one-transaction apply/release, records, GC listing."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ipaddress
+import os
+import shutil
+import stat
+
+import pytest
+
+from pycni import netns
+from pycni_plugins.kernel import layout, nft
+
+pytestmark = pytest.mark.privileged
+
+A4 = ipaddress.ip_interface("10.88.0.5/16")
+ATT = nft.Attachment("net1", "c1", "eth0")
+SECTIONS = (layout.PORTMAP, layout.hairpin_subnet(A4.network))
+
+
+def _elements(port: int = 8080, addr=A4) -> list[nft.Element]:
+    return [layout.hostport_element("tcp", port, addr.ip, 80, None), layout.hairpin_element(addr)]
+
+
+def test_sections_are_created_once_even_concurrently(host, kit):
+    def ensure() -> None:
+        with netns.entered(host.path):
+            nft.ensure(SECTIONS)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: ensure(), range(16)))
+    rules = kit.nft_rule_count()
+    nft.ensure(SECTIONS, force=True)
+    assert kit.nft_rule_count() == rules
+
+
+def test_apply_release_and_record(host, kit, state_dir):
+    nft.apply("portmap", ATT, _elements(), SECTIONS)
+    record = os.path.join(state_dir, "nft", f"{ATT.key}.portmap")
+    assert stat.S_IMODE(os.stat(record).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(record)).st_mode) == 0o700
+    comment = kit.nft_elements()["hostports4"][0][0]["elem"]["comment"]
+    assert comment == f"{ATT.key} portmap net1 c1 eth0"
+    nft.release("portmap", ATT)
+    nft.release("portmap", ATT)
+    assert not os.path.exists(record)
+    assert not kit.nft_elements()["hostports4"]
+
+
+def test_conflict_changes_nothing(host, kit):
+    nft.apply("portmap", ATT, _elements(), SECTIONS)
+    before = kit.nft_ruleset()
+    other = nft.Attachment("net1", "c2", "eth0")
+    with pytest.raises(nft.ElementConflict):
+        b = ipaddress.ip_interface("10.88.0.6/16")
+        nft.apply("portmap", other, [*_elements(9090, b), layout.hostport_element("tcp", 8080, b.ip, 80, None)])
+    assert kit.nft_ruleset() == before
+    assert nft.holder(_elements()[0]).startswith(ATT.key)
+
+
+def test_lost_state_dir_falls_back_to_comments(host, kit, state_dir):
+    nft.apply("portmap", ATT, _elements(), SECTIONS)
+    shutil.rmtree(state_dir)
+    nft.release("portmap", ATT)
+    assert not kit.nft_elements()["hostports4"]
+
+
+def test_listing_and_removal_by_attachment_for_gc(host, kit):
+    nft.apply("portmap", ATT, _elements(), SECTIONS)
+    nft.apply("masq", ATT, [layout.masq_element(A4)], (layout.MASQ, layout.masq_subnet(A4.network)))
+    groups = nft.attachments()
+    assert set(groups) == {ATT.key}
+    assert set(groups[ATT.key]["elements"]) == {"portmap", "masq"}
+    assert groups[ATT.key]["record"] == {"network": "net1", "container_id": "c1", "ifname": "eth0"}
+    nft.remove(ATT.key)
+    assert nft.attachments() == {}
+    assert not any(v for k, v in kit.nft_elements().items() if k != "epoch")
+
+
+def test_symlinked_state_dir_is_refused(host, state_dir, tmp_path):
+    os.makedirs(state_dir, mode=0o700)
+    os.symlink(str(tmp_path), os.path.join(state_dir, "nft"))
+    with pytest.raises(OSError):
+        nft.apply("portmap", ATT, _elements(), SECTIONS)

@@ -1,0 +1,118 @@
+"""portmap: DNAT via map elements, reachability, conflicts refused, DEL without mappings."""
+
+from __future__ import annotations
+
+import pytest
+
+from pycni.errors import CNIError
+from pycni_plugins.bridge import BridgePlugin
+from pycni_plugins.portmap import PortmapPlugin
+
+pytestmark = pytest.mark.privileged
+
+V4 = [{"subnet": "10.77.0.0/24"}]
+V6 = [{"subnet": "fd77::/64"}]
+
+
+def _pm(prev: dict, mappings: list | None, **extra) -> dict:
+    conf = {"cniVersion": "1.0.0", "name": "testnet", "type": "portmap", "prevResult": prev, **extra}
+    if mappings is not None:
+        conf["runtimeConfig"] = {"portMappings": mappings}
+    return conf
+
+
+@pytest.fixture
+def attached(host, make_netns, kit, tmp_path):
+    """Two containers on one dual-stack bridge: (conf, [(netns, result), ...])."""
+    conf = kit.bridge_conf(tmp_path, V4, V6, hairpinMode=True)  # a container reaching its own port
+    out = []
+    for name in ("a", "b"):
+        ns = make_netns("c")
+        out.append((ns, BridgePlugin().handle(kit.request("ADD", conf, name, ns.path))))
+    return conf, out
+
+
+def test_publish_and_reach_from_everywhere(attached, kit):
+    _, [(a, ra), (b, rb)] = attached
+    maps = [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]
+    out = PortmapPlugin().handle(kit.request("ADD", _pm(ra, maps), "a", a.path))
+    assert out == ra
+    elements = kit.nft_elements()
+    assert len(elements["hostports4"]) == 1 and len(elements["hostports6"]) == 1
+    stop = kit.serve_tcp(a.path, "::", 80)
+    try:
+        assert kit.tcp_get(None, "10.77.0.1", 8080) == b"pong"  # host, on a host address
+        assert kit.tcp_get(None, "127.0.0.1", 8080) == b"pong"  # host, localhost (route_localnet)
+        assert kit.tcp_get(b.path, "10.77.0.1", 8080) == b"pong"  # another container, hairpin
+        assert kit.tcp_get(a.path, "10.77.0.1", 8080) == b"pong"  # the container itself
+        assert kit.tcp_get(b.path, "fd77::1", 8080) == b"pong"  # IPv6
+    finally:
+        stop()
+    assert kit.sysctl_in(None, "net/ipv4/conf/pbr0/route_localnet") == "1"
+    PortmapPlugin().handle(kit.request("CHECK", _pm(ra, maps), "a", a.path))
+
+
+def test_conflict_is_refused_with_nothing_changed(attached, kit):
+    _, [(a, ra), (b, rb)] = attached
+    plugin = PortmapPlugin()
+    plugin.handle(kit.request("ADD", _pm(ra, [{"hostPort": 8080, "containerPort": 80}]), "a", a.path))
+    before = kit.nft_ruleset()
+    maps = [{"hostPort": 9090, "containerPort": 90}, {"hostPort": 8080, "containerPort": 81, "protocol": "tcp"}]
+    with pytest.raises(CNIError, match=r"host port 8080/tcp is already mapped by another container \(testnet a eth0\)"):
+        plugin.handle(kit.request("ADD", _pm(rb, maps), "b", b.path))
+    assert kit.nft_ruleset() == before
+    # Other protocol, other host IP: fine.
+    plugin.handle(
+        kit.request("ADD", _pm(rb, [{"hostPort": 8080, "containerPort": 80, "protocol": "udp"}]), "b", b.path)
+    )
+
+
+def test_readd_is_idempotent_and_replaces(attached, kit):
+    _, [(a, ra), _] = attached
+    plugin = PortmapPlugin()
+    for _ in range(2):
+        plugin.handle(kit.request("ADD", _pm(ra, [{"hostPort": 8080, "containerPort": 80}]), "a", a.path))
+    assert len(kit.nft_elements()["hostports4"]) == 1
+    plugin.handle(
+        kit.request("ADD", _pm(ra, [{"HostPort": 8081, "ContainerPort": 80, "Protocol": "tcp"}]), "a", a.path)
+    )
+    keys = [e[0]["elem"]["val"]["concat"] for e in kit.nft_elements()["hostports4"]]
+    assert keys == [["tcp", 8081]]
+
+
+def test_del_without_mappings_cleans_up(attached, kit):
+    _, [(a, ra), _] = attached
+    plugin = PortmapPlugin()
+    maps = [
+        {"hostPort": 8080, "containerPort": 80},
+        {"hostPort": 53, "containerPort": 53, "protocol": "udp", "hostIP": "10.77.0.1"},
+    ]
+    plugin.handle(kit.request("ADD", _pm(ra, maps), "a", a.path))
+    assert len(kit.nft_elements()["hostip_hostports4"]) == 1
+    for _ in range(2):
+        plugin.handle(kit.request("DEL", _pm(ra, None), "a", a.path))
+    assert all(not v for k, v in kit.nft_elements().items() if k.startswith(("host", "hairpin")))
+
+
+def test_check_and_errors(attached, kit):
+    _, [(a, ra), _] = attached
+    plugin = PortmapPlugin()
+    maps = [{"hostPort": 8080, "containerPort": 80}]
+    with pytest.raises(CNIError, match="missing hostport elements"):
+        plugin.handle(kit.request("CHECK", _pm(ra, maps), "a", a.path))
+    with pytest.raises(CNIError, match="must be called as chained plugin"):
+        plugin.handle(kit.request("ADD", {"cniVersion": "1.0.0", "name": "n", "type": "portmap"}, "a", a.path))
+    with pytest.raises(CNIError, match="Invalid host port number: 0"):
+        plugin.handle(kit.request("ADD", _pm(ra, [{"hostPort": 0, "containerPort": 80}]), "a", a.path))
+    with pytest.raises(CNIError) as err:
+        plugin.handle(kit.request("ADD", _pm(ra, maps, conditionsV4=["-s", "1.2.3.4"]), "a", a.path))
+    assert err.value.code == 2
+
+
+def test_rule_count_constant(attached, kit):
+    _, [(a, ra), (b, rb)] = attached
+    plugin = PortmapPlugin()
+    plugin.handle(kit.request("ADD", _pm(ra, [{"hostPort": 8080, "containerPort": 80}]), "a", a.path))
+    rules = kit.nft_rule_count()
+    plugin.handle(kit.request("ADD", _pm(rb, [{"hostPort": 8081, "containerPort": 80}]), "b", b.path))
+    assert kit.nft_rule_count() == rules
