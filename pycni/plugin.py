@@ -9,7 +9,7 @@ point group, keyed by CNI type.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Any
 
@@ -23,6 +23,7 @@ __all__ = [
     "PluginRequest",
     "Plugin",
     "parse_cni_args",
+    "load_args",
     "builtin_plugins",
     "builtin_plugin",
     "delegate",
@@ -43,6 +44,44 @@ def parse_cni_args(text: str) -> list[tuple[str, str]]:
             raise InvalidArgumentError(f'invalid CNI_ARGS pair "{item}"')
         pairs.append((parts[0], parts[1]))
     return pairs
+
+
+def load_args(text: str, known: Iterable[str]) -> dict[str, str]:
+    """Plugin-side ``CNI_ARGS`` as Go's ``types.LoadArgs`` reads them into a plugin's struct.
+
+    Each pair must split into exactly two parts on ``=`` (an empty value is allowed); keys outside
+    ``known`` are an error unless ``IgnoreUnknown`` is ``1``/``true``. Returns the known keys.
+    Errors are plugin-internal (code 999) with Go's texts.
+    """
+    found: dict[str, str] = {}
+    unknown: list[str] = []
+    ignore_unknown = False
+    wanted = set(known)
+    for pair in text.split(";") if text else ():
+        parts = pair.split("=")
+        if len(parts) != 2:
+            raise CNIError(f"ARGS: invalid pair {_go_quote(pair)}", code=ErrorCode.INTERNAL)
+        key, value = parts
+        if key == "IgnoreUnknown":
+            if value.lower() not in ("1", "true", "0", "false"):
+                raise CNIError(
+                    f"ARGS: error parsing value of pair {_go_quote(pair)}: "
+                    f"boolean unmarshal error: invalid input {value.lower()}",
+                    code=ErrorCode.INTERNAL,
+                )
+            ignore_unknown = value.lower() in ("1", "true")
+        elif key in wanted:
+            found[key] = value
+        else:
+            unknown.append(pair)
+    if unknown and not ignore_unknown:
+        raise CNIError(f"ARGS: unknown args [{' '.join(map(_go_quote, unknown))}]", code=ErrorCode.INTERNAL)
+    return found
+
+
+def _go_quote(text: str) -> str:
+    """Go's ``%q`` for the printable strings CNI_ARGS carry."""
+    return json.dumps(text, ensure_ascii=False)
 
 
 @attrs.frozen
@@ -77,9 +116,9 @@ class PluginRequest:
         value = self.config.get("runtimeConfig")
         return value if isinstance(value, Mapping) else {}
 
-    def cni_args(self) -> dict[str, str]:
-        """``CNI_ARGS`` as a dict (later keys win); malformed pairs raise code 4."""
-        return dict(parse_cni_args(self.args))
+    def load_args(self, *known: str) -> dict[str, str]:
+        """The ``known`` keys of ``CNI_ARGS``, with Go's ``LoadArgs`` rules (see :func:`load_args`)."""
+        return load_args(self.args, known)
 
     def stdin(self) -> bytes:
         return json.dumps(self.config, separators=(",", ":")).encode()

@@ -95,14 +95,6 @@ def _trunk(entries: list[Any]) -> tuple[int, ...]:
     return tuple(sorted(vids))
 
 
-def _cni_args_mac(args: str) -> str:
-    pairs = dict(p.split("=", 1) for p in args.split(";") if p) if args else {}
-    unknown = [f"{k}={v}" for k, v in pairs.items() if k not in ("IgnoreUnknown", "MAC")]
-    if unknown and pairs.get("IgnoreUnknown", "").lower() not in ("1", "true"):
-        raise fail("ARGS: unknown args [" + " ".join(f'"{u}"' for u in unknown) + "]")
-    return pairs.get("MAC", "")
-
-
 def load_config(request: PluginRequest) -> BridgeConfig:
     """The bridge config, validated with the reference's errors."""
     f = Fields(request.config, "failed to load netconf")
@@ -120,7 +112,7 @@ def load_config(request: PluginRequest) -> BridgeConfig:
         raise fail("cannot use IPAM when DisableContainerInterface flag is set")
     dns_obj = request.config.get("dns")
     dns = DNS.from_json(dns_obj) if isinstance(dns_obj, Mapping) else None
-    mac = _cni_args_mac(request.args)
+    mac = request.load_args("MAC").get("MAC", "")
     cni_args = f.mapping("cni", source=f.mapping("args"))
     mac = f.string("mac", source=cni_args) or mac
     mac = f.string("mac", source=request.runtime_config) or mac

@@ -295,32 +295,10 @@ def _decode_ip_list(value: Any, field: str) -> list[IPAddress | None]:
     return out
 
 
-def _env_requested_ip(args: str) -> IPAddress | None:
-    """``IP=`` from CNI_ARGS, parsed as the Go plugin's ``LoadArgs`` (unknown keys need IgnoreUnknown)."""
-    if not args:
-        return None
-    ip = None
-    ignore_unknown = False
-    unknown = []
-    for pair in args.split(";"):
-        kv = pair.split("=")
-        if len(kv) != 2:
-            raise _config_fail(f"ARGS: invalid pair {_go_quote(pair)}")
-        key, value = kv
-        if key == "IP":
-            ip = _decode_requested(value, f"ARGS: error parsing value of pair {_go_quote(pair)}: ")
-        elif key == "IgnoreUnknown":
-            if value.lower() not in ("1", "true", "0", "false"):
-                raise _config_fail(
-                    f"ARGS: error parsing value of pair {_go_quote(pair)}: "
-                    f"boolean unmarshal error: invalid input {value.lower()}"
-                )
-            ignore_unknown = value.lower() in ("1", "true")
-        else:
-            unknown.append(pair)
-    if unknown and not ignore_unknown:
-        raise _config_fail(f"ARGS: unknown args [{' '.join(map(_go_quote, unknown))}]")
-    return ip
+def _env_requested_ip(request: PluginRequest) -> IPAddress | None:
+    """``IP=`` from CNI_ARGS (an empty value requests nothing)."""
+    value = request.load_args("IP").get("IP", "")
+    return _decode_requested(value, f"ARGS: error parsing value of pair {_go_quote('IP=' + value)}: ")
 
 
 def _within(ip: IPAddress, subnet: IPNetwork, low: IPAddress | None, high: IPAddress | None) -> bool:
@@ -417,7 +395,7 @@ def load_config(request: PluginRequest) -> HostLocalConfig:
     if ipam_raw is None:
         raise _config_fail("IPAM config missing 'ipam' key")
 
-    env_ip = _env_requested_ip(request.args)
+    env_ip = _env_requested_ip(request)
     requested = ([env_ip] if env_ip is not None else []) + arg_ips + runtime_ips
     if None in requested:
         raise _config_fail("cannot understand ip: IP <nil> not v4 nor v6")
