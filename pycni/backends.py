@@ -1,7 +1,8 @@
 """How a plugin runs: exec'd as a binary, or in-process from the built-in registry.
 
 A backend is one call, ``run(plugin_type, request)``, returning the decoded ADD output (or
-``None``), with :meth:`find` for libcni's look-up-first ordering and :meth:`version_info`.
+``None``; for GC a built-in plugin may return ``{"removed": [...]}``), with :meth:`find` for
+libcni's look-up-first ordering and :meth:`version_info`.
 The request JSON and semantics are identical whichever runs it.
 """
 
@@ -35,6 +36,8 @@ class Backend(Protocol):
 
     def version_info(self, plugin_type: str, paths: Sequence[str]) -> VersionInfo: ...
 
+    def is_builtin(self, plugin_type: str) -> bool: ...
+
 
 class ExecBackend:
     """Exec ``<CNI_PATH dir>/<type>`` per call (libcni's behaviour)."""
@@ -52,6 +55,9 @@ class ExecBackend:
 
     def version_info(self, plugin_type: str, paths: Sequence[str]) -> VersionInfo:
         return exec_version(plugin_type, paths, timeout=self.timeout)
+
+    def is_builtin(self, plugin_type: str) -> bool:
+        return False
 
 
 class InProcessBackend:
@@ -83,6 +89,8 @@ class InProcessBackend:
         except Exception as e:
             log.exception("in-process plugin %s crashed on %s", plugin_type, request.command)
             raise PluginError(str(e) or type(e).__name__, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
+        if request.command == "GC" and isinstance(out, dict):
+            return out  # a built-in plugin's report of what it collected (pycni extension)
         if request.command != "ADD":
             return None
         return _json.loads(_json.dumps_compact(out)) if out is not None else {}
@@ -90,6 +98,9 @@ class InProcessBackend:
     def version_info(self, plugin_type: str, paths: Sequence[str]) -> VersionInfo:
         info = self._plugin(plugin_type).version_info()
         return VersionInfo(info["cniVersion"], tuple(info["supportedVersions"]))
+
+    def is_builtin(self, plugin_type: str) -> bool:
+        return bool(plugin_type) and builtin_plugin(plugin_type) is not None
 
 
 class AutoBackend:
@@ -112,6 +123,9 @@ class AutoBackend:
 
     def version_info(self, plugin_type: str, paths: Sequence[str]) -> VersionInfo:
         return self._pick(plugin_type).version_info(plugin_type, paths)
+
+    def is_builtin(self, plugin_type: str) -> bool:
+        return self._inprocess.is_builtin(plugin_type)
 
 
 def select_backend(name: str | None = None, *, timeout: float | None = None) -> Backend:

@@ -32,10 +32,34 @@ from .request import (
 )
 from .types import AnyResult, convert, parse_result
 
-__all__ = ["Runtime", "DEFAULT_PLUGIN_PATH"]
+__all__ = ["Runtime", "ReconcileReport", "DEFAULT_PLUGIN_PATH", "DRY_RUN_KEY"]
 
 DEFAULT_PLUGIN_PATH = ("/opt/cni/bin",)
+#: GC stdin key asking a built-in plugin to report what it would collect without collecting it.
+DRY_RUN_KEY = "pycni.dev/dry-run"
 T = TypeVar("T")
+
+
+@attrs.frozen
+class ReconcileReport:
+    """What :meth:`Runtime.reconcile_network_list` found (and, unless ``dry_run``, removed)."""
+
+    network: str
+    dry_run: bool
+    stale_attachments: tuple[str, ...] = ()
+    collected: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "network": self.network,
+            "dryRun": self.dry_run,
+            "staleAttachments": list(self.stale_attachments),
+            "collected": list(self.collected),
+            "skipped": list(self.skipped),
+            "errors": list(self.errors),
+        }
 
 
 def _describe(plugin: NetworkConfig, op: str) -> str:
@@ -310,6 +334,66 @@ class Runtime:
                         failures.append(e.with_context(f"failed to GC plugin {plugin.type}"))
         if failures:
             raise failures[0] if len(failures) == 1 else MultiError(failures)
+
+    def reconcile_network_list(self, net: NetworkConfigList, *, dry_run: bool = False) -> ReconcileReport:
+        """GC that collects what crashes and reboots leave behind (``pycni gc --reconcile``).
+
+        Cached attachments whose network namespace is gone are stale: they are DEL'd with their
+        cached parameters. Every other cached attachment is valid, and the plugins get GC with
+        that list, so they remove leases, links and nftables elements of attachments nobody
+        remembers. Built-in plugins get GC at 1.1.0 even when the list is older (they support
+        it), and report what they collected. With ``dry_run`` nothing is changed: stale
+        attachments are only listed and only built-in plugins are asked (to report, not act).
+        """
+        stale_names: list[str] = []
+        collected: list[str] = []
+        skipped: list[str] = []
+        errors: list[str] = []
+        with self.cache.network_lock(net.name, exclusive=True):
+            entries = [e for e in self.cache.attachments() if e.network == net.name]
+            gone = [e for e in entries if not e.netns or not os.path.exists(e.netns)]
+            valid = [Attachment(e.container_id, e.ifname) for e in entries if e not in gone]
+            for entry in gone:
+                stale_names.append(f"{entry.container_id}/{entry.ifname} (netns {entry.netns or '-'} gone)")
+                if dry_run:
+                    continue
+                rt = RuntimeConf(
+                    entry.container_id, entry.netns, entry.ifname, entry.cni_args, dict(entry.capability_args)
+                )
+                try:
+                    with self.cache.container_lock(rt.container_id):
+                        self._delete_locked(net, rt, best_effort=True)
+                except CNIError as e:
+                    errors.append(f"failed to delete stale attachment {rt.container_id} {rt.ifname}: {e}")
+            for plugin in net.plugins:
+                builtin = self.backend.is_builtin(plugin.type)
+                version = net.cni_version
+                if not _version.supports_gc(version):
+                    if not builtin:
+                        skipped.append(f"{plugin.type}: config version {version!r} predates GC")
+                        continue
+                    version = _version.CURRENT
+                if dry_run and not builtin:
+                    skipped.append(f"{plugin.type}: an exec'd plugin cannot report without collecting")
+                    continue
+                config = build_config(
+                    plugin,
+                    name=net.name,
+                    cni_version=version,
+                    valid_attachments=valid,
+                    gc=True,
+                    strip_capabilities=self.strip_capabilities,
+                )
+                if dry_run:
+                    config[DRY_RUN_KEY] = True
+                try:
+                    out = self._run(plugin, "GC", config, None)
+                except CNIError as e:
+                    errors.append(f"failed to GC plugin {plugin.type}: {e}")
+                    continue
+                if isinstance(out, dict):
+                    collected.extend(f"{plugin.type}: {item}" for item in out.get("removed", ()))
+        return ReconcileReport(net.name, dry_run, tuple(stale_names), tuple(collected), tuple(skipped), tuple(errors))
 
     # -- STATUS --------------------------------------------------------------------------
 

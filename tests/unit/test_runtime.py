@@ -413,3 +413,53 @@ class TestLocking:
         for t in (t1, t2, t3):
             t.join(10)
         assert done["other"] < done["slow"] <= done["same"]
+
+
+class Collector(Plugin):
+    type = "fake-a"
+
+    def __init__(self):
+        self.gc_calls = []
+
+    def add(self, request):
+        return {"cniVersion": request.cni_version, "ips": [{"address": "198.18.0.2/24"}]}
+
+    def gc(self, request):
+        self.gc_calls.append(dict(request.config))
+        dry = request.config.get("pycni.dev/dry-run", False)
+        return {"removed": ["lease 198.18.0.9 of ghost/eth0" + (" (would)" if dry else "")]}
+
+
+class TestReconcile:
+    @pytest.fixture
+    def setup(self, fake_plugins, tmp_path, monkeypatch):
+        collector = Collector()
+        monkeypatch.setattr("pycni.backends.builtin_plugin", lambda t: collector if t == "fake-a" else None)
+        runtime = Runtime([str(fake_plugins.dir)], cache_dir=str(tmp_path / "c"), backend="auto")
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), fake_plugins.plugin("fake-b"), version="0.4.0")
+        alive_ns = tmp_path / "alive-netns"
+        alive_ns.write_text("")
+        runtime.add_network_list(n, RuntimeConf("alive", str(alive_ns)))
+        runtime.add_network_list(n, RuntimeConf("dead", str(tmp_path / "gone-netns")))
+        return runtime, n, collector
+
+    def test_attachments_whose_netns_is_gone_are_deleted_and_plugins_gc_the_rest(self, setup, fake_plugins):
+        runtime, n, collector = setup
+        report = runtime.reconcile_network_list(n)
+        assert [a.container_id for a in runtime.get_cached_attachments()] == ["alive"]
+        assert report.stale_attachments[0].startswith("dead/eth0")
+        dels = [c["env"]["CNI_CONTAINERID"] for c in fake_plugins.calls() if c["env"]["CNI_COMMAND"] == "DEL"]
+        assert dels == ["dead"]
+        assert len(collector.gc_calls) == 1 and collector.gc_calls[0]["cniVersion"] == "1.1.0"
+        assert collector.gc_calls[0]["cni.dev/valid-attachments"] == [{"containerID": "alive", "ifname": "eth0"}]
+        assert report.collected == ("fake-a: lease 198.18.0.9 of ghost/eth0",)
+        assert report.skipped == ("fake-b: config version '0.4.0' predates GC",)
+
+    def test_dry_run_changes_nothing(self, setup, fake_plugins):
+        runtime, n, collector = setup
+        before = fake_plugins.calls()
+        report = runtime.reconcile_network_list(n, dry_run=True)
+        assert fake_plugins.calls() == before
+        assert sorted(a.container_id for a in runtime.get_cached_attachments()) == ["alive", "dead"]
+        assert collector.gc_calls[0]["pycni.dev/dry-run"] is True
+        assert report.collected == ("fake-a: lease 198.18.0.9 of ghost/eth0 (would)",) and report.dry_run
