@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 __all__ = ["nomad"]
 
 
-
 def _echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2))
 
@@ -132,12 +131,27 @@ def _run_options(fn: Any) -> Any:
         click.option("--subnet", default="172.26.64.0/20", show_default=True, help="Embedded bridge: IPv4 subnet."),
         click.option("--subnet-ipv6", default="", help="Embedded bridge: IPv6 subnet."),
         click.option("--hairpin", is_flag=True, help="Embedded bridge: hairpin mode."),
-        click.option("--cni-path", envvar="CNI_PATH", default="/opt/cni/bin:/usr/lib/cni", show_default=True,
-                     help="Plugin dirs for exec'd plugins [$CNI_PATH]."),
-        click.option("--backend", type=click.Choice(["exec", "inprocess", "auto"]), default="auto", show_default=True,
-                     help="How plugins run (auto: in-process where built in)."),
-        click.option("--cache-dir", envvar="PYCNI_CACHE_DIR", default="/var/lib/cni", show_default=True,
-                     help="Results cache root [$PYCNI_CACHE_DIR]."),
+        click.option(
+            "--cni-path",
+            envvar="CNI_PATH",
+            default="/opt/cni/bin:/usr/lib/cni",
+            show_default=True,
+            help="Plugin dirs for exec'd plugins [$CNI_PATH].",
+        ),
+        click.option(
+            "--backend",
+            type=click.Choice(["exec", "inprocess", "auto"]),
+            default="auto",
+            show_default=True,
+            help="How plugins run (auto: in-process where built in).",
+        ),
+        click.option(
+            "--cache-dir",
+            envvar="PYCNI_CACHE_DIR",
+            default="/var/lib/cni",
+            show_default=True,
+            help="Results cache root [$PYCNI_CACHE_DIR].",
+        ),
         click.option("--host-netns", default=None, help="Run the plugins in this network namespace (a path)."),
     ]
     for option in reversed(options):
@@ -149,24 +163,33 @@ def _configurator(opts: dict[str, Any], alloc: Allocation) -> Any:
     """Nomad's configurator for the alloc: ``cni/<name>`` from --conf-dir, else the bridge network."""
     import functools
 
-    from ..nomad import NetworkConfigurator, make_client
+    from ..nomad import BridgeNetworkConfigurator, NetworkConfigurator, make_client
     from ..nomad.cleanup import force_cleanup
-    from ..nomad.conflist import BridgeConfig, bridge_conflist, validate_subnets
-    from ..nomad.tproxy import uses_transparent_proxy
+    from ..nomad.conflist import validate_subnets
 
-    if opts["conf_dir"] or opts["network"]:
-        if not (opts["conf_dir"] and opts["network"]):
-            raise click.UsageError("--conf-dir and --network go together")
-        conf: Any = (opts["conf_dir"], opts["network"])
-    else:
+    cni_mode = bool(opts["conf_dir"] or opts["network"])
+    if cni_mode and not (opts["conf_dir"] and opts["network"]):
+        raise click.UsageError("--conf-dir and --network go together")
+    if not cni_mode:
         validate_subnets(opts["subnet"], opts["subnet_ipv6"])
-        bridge = BridgeConfig(opts["bridge_name"], opts["subnet"], opts["subnet_ipv6"], opts["hairpin"],
-                              uses_transparent_proxy(alloc.group))
-        conf = bridge_conflist(bridge.with_defaults())
-    client = make_client(opts["cni_path"], cache_dir=opts["cache_dir"], backend=opts["backend"],
-                         host_netns=opts["host_netns"])
+    client = make_client(
+        opts["cni_path"], cache_dir=opts["cache_dir"], backend=opts["backend"], host_netns=opts["host_netns"]
+    )
     cleanup = functools.partial(force_cleanup, host_netns=opts["host_netns"], own_state=_own_state())
-    return NetworkConfigurator(client, conf, _node(opts.pop("node_file")), cleanup=cleanup)
+    node = _node(opts.pop("node_file"))
+    if cni_mode:
+        return NetworkConfigurator(client, (opts["conf_dir"], opts["network"]), node, cleanup=cleanup)
+    return BridgeNetworkConfigurator.for_alloc(
+        client,
+        alloc,
+        node,
+        bridge_name=opts["bridge_name"],
+        subnet=opts["subnet"],
+        subnet_ipv6=opts["subnet_ipv6"],
+        hairpin=opts["hairpin"],
+        host_netns=opts["host_netns"],
+        cleanup=cleanup,
+    )
 
 
 def _own_state() -> Any:

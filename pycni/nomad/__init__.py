@@ -6,10 +6,12 @@
 - :mod:`.status`: go-cni result → the allocation's network status.
 - :mod:`.conflist`, :mod:`.conf`: the bridge conflist Nomad generates; config lookup by name.
 - :mod:`.configurator`: setup (ADD with retries, or CHECK on restore) and teardown.
+- :mod:`.bridge`: bridge mode (embedded conflist + the NOMAD-ADMIN forwarding rule).
 - :mod:`.cleanup`: forced removal of an allocation's leftover NAT state after a failed DEL.
 """
 
 from .args import cni_args
+from .bridge import BridgeNetworkConfigurator, ensure_forwarding_rules
 from .cleanup import CleanupReport, force_cleanup
 from .conf import ConfSource, load_cni_conf, network_mode
 from .configurator import NetworkConfigurator, make_client
@@ -19,6 +21,7 @@ from .errors import (
     CleanupError,
     ConfLoadError,
     DecodeError,
+    ForwardingRulesError,
     InitError,
     SetupError,
     StatusError,
@@ -52,6 +55,8 @@ __all__ = [
     "network_mode",
     "NetworkConfigurator",
     "make_client",
+    "BridgeNetworkConfigurator",
+    "ensure_forwarding_rules",
     "CleanupReport",
     "force_cleanup",
     "DecodeError",
@@ -60,6 +65,7 @@ __all__ = [
     "InitError",
     "SetupError",
     "CheckFailedError",
+    "ForwardingRulesError",
     "StatusError",
     "CleanupError",
 ]

@@ -118,6 +118,9 @@ class NetworkConfigurator:
     def network_name(self) -> str:
         return self.conf.name
 
+    def _prepare(self) -> None:
+        """Host-side preparation before every setup, under the lock (the bridge's forwarding rule)."""
+
     def _ensure_initialized(self) -> None:
         from .. import client
 
@@ -133,6 +136,7 @@ class NetworkConfigurator:
         from .. import client
 
         with _serialised:
+            self._prepare()
             try:
                 self._ensure_initialized()
             except CNIError as e:

@@ -17,6 +17,7 @@ __all__ = [
     "InitError",
     "SetupError",
     "CheckFailedError",
+    "ForwardingRulesError",
     "StatusError",
     "CleanupError",
     "CHECK_FAILED",
@@ -73,6 +74,12 @@ class CheckFailedError(_Wrapping):
     """CHECK of an existing namespace failed: the caller should destroy and recreate it once."""
 
     prefix = CHECK_FAILED
+
+
+class ForwardingRulesError(_Wrapping):
+    """The bridge's admin-chain forwarding rule could not be ensured (before ADD or CHECK)."""
+
+    prefix = "failed to initialize table forwarding rules"
 
 
 class StatusError(ResultError):

@@ -434,3 +434,81 @@ def remove(key: str) -> None:
     for name in _RECORDS.names():
         if name != _EPOCH and name.split(".", 1)[0] == key:
             _RECORDS.remove(name)
+
+
+# -- appended: whole-table listing (consul-cni's CHECK) and per-container forced cleanup ----------
+
+
+def list_table(family: str, name: str) -> list[dict[str, Any]] | None:
+    """The JSON objects (chains, sets, rules, …) of ``table <family> <name>`` in the calling
+    thread's namespace, or ``None`` when there is no such table. For small tables of one owner
+    (it lists every element of every set in the table)."""
+    rc, out, err = _context().json_cmd({"nftables": [{"list": {"table": {"family": family, "name": name}}}]})
+    if rc != 0:
+        if "No such file or directory" in (err or ""):
+            return None
+        raise NftError(_first_line(err or ""), (err or "").strip())
+    return [obj for obj in (out or {}).get("nftables", ()) if "metainfo" not in obj]
+
+
+def _describe(found: Found) -> str:
+    value = _json_text(found.key) if found.data is None else f"{_json_text(found.key)} : {_json_text(found.data)}"
+    owner = found.comment.split(" ")[1] if " " in found.comment else "?"
+    return f"pycni {found.family} {TABLE} {found.set} element {value} ({owner})"
+
+
+def _json_text(value: Any) -> str:
+    """libnftables' JSON value (``"10.0.0.2"``, ``{"concat": [...]}``, …) as short text."""
+    if isinstance(value, dict):
+        if "concat" in value:
+            return " . ".join(_json_text(v) for v in value["concat"])
+        if "prefix" in value:
+            return f"{value['prefix'].get('addr')}/{value['prefix'].get('len')}"
+        if "range" in value:
+            return "-".join(_json_text(v) for v in value["range"])
+        for verdict in ("goto", "jump"):
+            if verdict in value:
+                return f"{verdict} {value[verdict].get('target')}"
+        return str(value)
+    if isinstance(value, list):
+        return ", ".join(_json_text(v) for v in value)
+    return str(value)
+
+
+def _owned_by(group: dict[str, Any], key: str, network: str, container_id: str) -> bool:
+    """Whether an :func:`attachments` group belongs to (network, container_id), any ifname."""
+    record = group.get("record")
+    if isinstance(record, dict):
+        return record.get("network") == network and record.get("container_id") == container_id
+    parts = group.get("comment", "").split(" ")
+    if len(parts) < 5:
+        return False
+    # The key hashes the exact triple: recomputing it from the comment's ifname is exact. A
+    # sanitised or cut ifname cannot be rehashed; then the (sanitised) names must match.
+    if Attachment(network, container_id, parts[4]).key == key:
+        return True
+    safe = Attachment(network, container_id, "").comment("x").split(" ")
+    return parts[2] == safe[2] and parts[3] == safe[3]
+
+
+def remove_container(network: str, container_id: str) -> list[str]:
+    """Remove every pycni element and state record of ``container_id`` on ``network`` (any
+    interface, any owner) in the calling thread's namespace; returns what was removed.
+
+    For forced cleanup after a failed DEL (Nomad's ``forceCleanup``): the elements are found by
+    listing pycni's tables (O(n)) and deleted in one transaction ("add, then delete", so an
+    element that vanished meanwhile is no error). If that transaction fails (another attachment
+    took a key over since), elements are removed one by one, leaving alone what is not ours.
+    """
+    groups = attachments()
+    keys = {key for key, group in groups.items() if _owned_by(group, key, network, container_id)}
+    found = [f for f in _listing() if f.comment.split(" ")[0] in keys]
+    _remove_found(found)
+    left = [f for f in _listing() if f.comment.split(" ")[0] in keys] if found else []
+    if left:
+        raise NftError(f"could not remove {len(left)} element(s) of {container_id} on {network}", _describe(left[0]))
+    removed = [_describe(f) for f in found]
+    for name in _RECORDS.names():
+        if name != _EPOCH and name.split(".", 1)[0] in keys and _RECORDS.remove(name):
+            removed.append(f"pycni state record nft/{name}")
+    return removed
