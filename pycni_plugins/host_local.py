@@ -3,6 +3,8 @@
 Leases live in ``<dataDir>/<network>/`` exactly as the Go plugin keeps them (one file per IP named
 by the canonical IP, holding ``<containerID>\\r\\n<ifname>``; ``last_reserved_ip.<set index>``;
 an empty ``lock`` file taken with ``flock``), so Go and pycni can share a data dir both ways.
+A long-lived process keeps each directory's leases in memory, kept exact with inotify, so an
+operation's cost does not grow with the number of leases (see "The lease cache").
 Every error the Go plugin reports as a plain Go error is raised with code 999 and the same text.
 Files are opened relative to the network directory's fd and never through a symlink.
 """
@@ -16,6 +18,11 @@ import json
 import os
 import re
 import socket
+import stat
+import struct
+import sys
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -472,6 +479,260 @@ def parse_resolv_conf(path: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# The lease cache.
+#
+# A long-lived process (the in-process backend) keeps, per network directory, the trimmed
+# content of every lease file in memory, so ADD's duplicate check, DEL and CHECK cost O(files
+# changed since this process last looked) instead of reading every lease. inotify keeps it
+# exact: a writer that follows the protocol (the Go plugin, pycni in any process) changes the
+# directory only while it holds the flock, the kernel queues the event for each create, unlink,
+# rename or write inside that very syscall, so everything a writer did before releasing the lock
+# is in our queue by the time we hold it. Names, not inode numbers, are what get re-read, so a
+# file deleted and recreated under the same name (ext4 reuses the inode) is never mistaken for
+# the old one. A lost watch (directory removed, filesystem unmounted, watch evicted) drops the
+# entry, a queue overflow marks every entry for a full re-read, and whenever no watch can be
+# had the operation reads the whole directory as before. Hits are re-read before they are acted
+# on, so even a writer that ignores the lock can only make us miss a lease it is changing right
+# now (as the full read always could), never delete or refuse because of a stale entry.
+#
+# The cache starts with the second store a process opens: an exec'd plugin (one operation per
+# process) never creates an inotify instance, a per-user resource (fs.inotify.max_user_instances).
+
+_IN_MODIFY = 0x00000002
+_IN_ATTRIB = 0x00000004
+_IN_MOVED_FROM = 0x00000040
+_IN_MOVED_TO = 0x00000080
+_IN_CREATE = 0x00000100
+_IN_DELETE = 0x00000200
+_IN_Q_OVERFLOW = 0x00004000
+_IN_IGNORED = 0x00008000
+_IN_ONLYDIR = 0x01000000
+_WATCH_MASK = _IN_MODIFY | _IN_ATTRIB | _IN_MOVED_FROM | _IN_MOVED_TO | _IN_CREATE | _IN_DELETE | _IN_ONLYDIR
+_EVENT = struct.Struct("=iIII")  # struct inotify_event: wd, mask, cookie, len, then len bytes of NUL-padded name
+_MAX_DIRS = 64  # network directories cached per process, least recently used dropped first (one watch each)
+_MAX_DIRTY = 4096  # changed names remembered per directory before a full re-read is cheaper
+_RETRY_AFTER = 30.0  # seconds before trying inotify_init1 again after it failed (EMFILE, seccomp, ...)
+_FS_ENCODING = sys.getfilesystemencoding()  # how os.scandir decodes names
+_CACHE_LEASES = True  # False: every operation reads the whole directory (for tests and benchmarks)
+
+
+def _is_state_file(name: str) -> bool:
+    return name == _LOCK or name.startswith(_LAST_RESERVED)
+
+
+class _Leases:
+    """One network directory's lease files: name → trimmed content, and content → names.
+
+    ``content``/``holders`` change only with ``lock`` held, which callers take while holding the
+    directory's flock; ``dirty``/``rescan``/``alive`` belong to the watcher (its mutex).
+    One entry per lease file; contents are at most ``_MAX_LEASE`` bytes.
+    """
+
+    def __init__(self, key: tuple[int, int], wd: int) -> None:
+        self.key = key
+        self.wd = wd
+        self.lock = threading.Lock()
+        self.content: dict[str, bytes] = {}
+        self.holders: dict[bytes, set[str]] = {}
+        self.dirty: set[str] = set()
+        self.rescan = True
+        self.alive = True
+
+    def set(self, name: str, data: bytes | None) -> None:
+        old = self.content.pop(name, None)
+        if old is not None:
+            names = self.holders[old]
+            names.discard(name)
+            if not names:
+                del self.holders[old]
+        if data is not None:
+            self.content[name] = data
+            self.holders.setdefault(data, set()).add(name)
+
+    def load(self, store: _Store) -> None:
+        self.content.clear()
+        self.holders.clear()
+        for name, data in store.lease_files():
+            self.set(name, data)
+
+    def verified(self, store: _Store, data: bytes) -> list[str]:
+        """The files cached as holding ``data``, each re-read now; one that no longer does is corrected."""
+        found = []
+        for name in list(self.holders.get(data, ())):
+            now = store.lease(name)
+            if now == data:
+                found.append(name)
+            else:
+                self.set(name, now)
+        return found
+
+
+class _Watcher:
+    """This process's inotify instance, with one watch per cached network directory."""
+
+    def __init__(self) -> None:
+        import ctypes  # only long-lived processes get here
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        init, self._add, self._rm = libc.inotify_init1, libc.inotify_add_watch, libc.inotify_rm_watch
+        init.argtypes = (ctypes.c_int,)
+        self._add.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32)
+        self._rm.argtypes = (ctypes.c_int, ctypes.c_int)
+        fd = init(os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd < 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+        self.fd = fd
+        self.pid = os.getpid()
+        self.mutex = threading.Lock()
+        self.dirs: dict[tuple[int, int], _Leases] = {}  # by the directory's (st_dev, st_ino), least recent first
+        self.by_wd: dict[int, _Leases] = {}
+
+    def entry(self, store: _Store) -> _Leases | None:
+        """The cache of the directory ``store`` has open (its flock held), with every event queued so far
+        recorded in it; None if the directory cannot be watched.
+
+        A cached (st_dev, st_ino) is still the same directory: the watch pins the inode, and when
+        the directory goes away the watch's IN_IGNORED is queued before the inode number can be
+        reused, so the drain below has dropped the entry of a directory that was replaced.
+        """
+        st = os.fstat(store.fd)
+        key = (st.st_dev, st.st_ino)
+        with self.mutex:
+            self._drain()
+            entry = self.dirs.pop(key, None)
+            if entry is None:
+                # Watch the open directory itself (its path may no longer lead to it), through this
+                # thread's fd table: /proc/self is the thread-group leader's, which may differ.
+                wd = self._add(self.fd, f"/proc/thread-self/fd/{store.fd}".encode(), _WATCH_MASK)
+                if wd < 0:  # ENOSPC (fs.inotify.max_user_watches), no /proc, ...
+                    return None
+                stale = self.by_wd.get(wd)
+                if stale is not None:  # cannot happen (see above); never let two entries share a watch
+                    self._drop(stale)
+                entry = self.by_wd[wd] = _Leases(key, wd)
+            self.dirs[key] = entry  # most recently used last
+            while len(self.dirs) > _MAX_DIRS:
+                oldest = next(iter(self.dirs.values()))
+                self._drop(oldest)
+                self._rm(self.fd, oldest.wd)
+        return entry
+
+    def refresh(self, entry: _Leases, store: _Store) -> bool:
+        """Bring ``entry`` up to date (its lock and the directory's flock held); False if it was dropped meanwhile."""
+        with self.mutex:
+            if not entry.alive:
+                return False
+            rescan, dirty = entry.rescan, entry.dirty
+            entry.rescan, entry.dirty = False, set()
+        try:
+            if rescan:
+                entry.load(store)
+            else:
+                for name in dirty:
+                    entry.set(name, store.lease(name))
+        except BaseException:
+            with self.mutex:
+                entry.rescan = True
+            raise
+        return True
+
+    def _drop(self, entry: _Leases) -> None:
+        entry.alive = False
+        if self.dirs.get(entry.key) is entry:
+            del self.dirs[entry.key]
+        if self.by_wd.get(entry.wd) is entry:
+            del self.by_wd[entry.wd]
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                buf = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:  # cannot happen; if it does, trust nothing
+                self._overflow()
+                return
+            self.dispatch(buf)
+
+    def _overflow(self) -> None:
+        for entry in self.dirs.values():
+            entry.rescan = True
+            entry.dirty.clear()
+
+    def dispatch(self, buf: bytes) -> None:
+        """Record a batch of events read from the queue."""
+        offset = 0
+        while offset + _EVENT.size <= len(buf):
+            wd, mask, _cookie, length = _EVENT.unpack_from(buf, offset)
+            start = offset + _EVENT.size
+            offset = start + length
+            if mask & _IN_Q_OVERFLOW:
+                self._overflow()
+                continue
+            entry = self.by_wd.get(wd)
+            if entry is None:
+                continue
+            if mask & _IN_IGNORED:
+                self._drop(entry)
+                continue
+            name = buf[start:offset].rstrip(b"\0").decode(_FS_ENCODING, "surrogateescape")
+            if entry.rescan or not name or _is_state_file(name):  # no name: an event on the directory itself
+                continue
+            entry.dirty.add(name)
+            if len(entry.dirty) > _MAX_DIRTY:
+                entry.rescan = True
+                entry.dirty.clear()
+
+
+_watcher: _Watcher | None = None
+_watcher_failed_at = float("-inf")
+_watcher_lock = threading.Lock()
+_stores_opened = 0
+
+
+def _get_watcher() -> _Watcher | None:
+    """This process's watcher, created on first need; None while the cache is off or unavailable."""
+    global _watcher, _watcher_failed_at
+    if not _CACHE_LEASES or _stores_opened < 2:
+        return None
+    watcher = _watcher
+    if watcher is not None and watcher.pid == os.getpid():
+        return watcher
+    with _watcher_lock:
+        watcher = _watcher
+        if watcher is not None and watcher.pid != os.getpid():
+            # Inherited through a fork that skipped the at-fork hook: never read the parent's queue
+            # (each event is delivered once). The fd number is left alone; the child may reuse it.
+            watcher = _watcher = None
+        if watcher is None:
+            if time.monotonic() - _watcher_failed_at < _RETRY_AFTER:
+                return None
+            try:
+                watcher = _watcher = _Watcher()
+            except (OSError, AttributeError, ImportError):  # no inotify (limits, seccomp, not Linux, no ctypes)
+                _watcher_failed_at = time.monotonic()
+                return None
+    return watcher
+
+
+def _forget_watcher_in_child() -> None:
+    """After fork: the child must not read the queue it shares with the parent, nor use its locks."""
+    global _watcher, _watcher_lock
+    watcher, _watcher = _watcher, None
+    _watcher_lock = threading.Lock()
+    if watcher is not None:
+        try:
+            os.close(watcher.fd)
+        except OSError:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_watcher_in_child)
+
+
+# ---------------------------------------------------------------------------------------------
 # The store: one network's lease directory.
 
 
@@ -489,6 +750,9 @@ class _Store:
     """
 
     def __init__(self, data_dir: str, network: str) -> None:
+        global _stores_opened
+        _stores_opened += 1
+        self._leases: _Leases | None = None  # the lease cache as synced under the current lock hold
         self.path = os.path.join(data_dir, network)
         try:
             parent = os.open(data_dir, _DIR_FLAGS)
@@ -531,6 +795,7 @@ class _Store:
         try:
             yield self
         finally:
+            self._leases = None
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def _read(self, name: str, limit: int) -> bytes | None:
@@ -581,36 +846,74 @@ class _Store:
         data = self._read(f"{_LAST_RESERVED}{range_id}", 64)
         return _parse_ip(data.decode("ascii", "replace")) if data else None
 
-    def find(self, container_id: str, ifname: str) -> tuple[list[str], list[str]]:
-        """Names of files holding ``id\\r\\nifname`` and of those holding just the legacy bare ``id``.
+    def lease(self, name: str) -> bytes | None:
+        """Lease file ``name``'s trimmed content; None if it is missing, not a regular file, unreadable or too big."""
+        if _is_state_file(name):
+            return None
+        try:
+            st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        data = self._read(name, _MAX_LEASE)
+        return None if data is None else data.strip()
+
+    def lease_files(self) -> Iterator[tuple[str, bytes]]:
+        """Every lease file with its trimmed content, read from disk.
 
         The Go plugin reads every file in the directory; pycni skips ``lock``,
         ``last_reserved_ip.*`` and anything that is not a regular file (symlinks included).
         """
-        owner = container_id.strip().encode()
-        key = owner + b"\r\n" + ifname.encode()
-        current: list[str] = []
-        legacy: list[str] = []
         with os.scandir(self.fd) as entries:
             for entry in entries:
                 name = entry.name
-                if name == _LOCK or name.startswith(_LAST_RESERVED) or not entry.is_file(follow_symlinks=False):
+                if _is_state_file(name) or not entry.is_file(follow_symlinks=False):
                     continue
                 data = self._read(name, _MAX_LEASE)
-                if data is None:
-                    continue
-                data = data.strip()
-                if data == key:
-                    current.append(name)
-                elif data == owner:
-                    legacy.append(name)
+                if data is not None:
+                    yield name, data.strip()
+
+    def find(self, container_id: str, ifname: str) -> tuple[list[str], list[str]]:
+        """Names of files holding ``id\\r\\nifname`` and of those holding just the legacy bare ``id``.
+
+        From the lease cache when this process has one for the directory (each hit re-read
+        just now), else from reading every lease file. The caller holds the lock.
+        """
+        owner = container_id.strip().encode()
+        key = owner + b"\r\n" + ifname.encode()
+        watcher = _get_watcher()
+        leases = watcher.entry(self) if watcher is not None else None
+        if watcher is not None and leases is not None:
+            with leases.lock:
+                if watcher.refresh(leases, self):
+                    self._leases = leases
+                    return sorted(leases.verified(self, key)), sorted(leases.verified(self, owner))
+        self._leases = None
+        current: list[str] = []
+        legacy: list[str] = []
+        for name, data in self.lease_files():
+            if data == key:
+                current.append(name)
+            elif data == owner:
+                legacy.append(name)
         return sorted(current), sorted(legacy)
+
+    def known_taken(self, name: str) -> bool:
+        """Whether the cache synced by ``find`` under this lock hold lists ``name`` as a lease file.
+
+        A hint that lets allocation skip leases without an open(2); O_EXCL still decides.
+        """
+        leases = self._leases
+        return leases is not None and name in leases.content
 
     def release(self, container_id: str, ifname: str, passes: int) -> None:
         """Release the attachment's leases as ``passes`` (>= 1) consecutive Go ``ReleaseByID`` calls would.
 
         Each call deletes the ``id\\r\\nifname`` files, or, when there are none, the legacy
         bare-id files, so a second pass also removes legacy files. Errors are ignored like Go's.
+        ``find`` has just read every candidate under the lock we hold, so only files whose
+        content matches right now are unlinked.
         """
         current, legacy = self.find(container_id, ifname)
         doomed = current + legacy if current and passes > 1 else current or legacy
@@ -666,8 +969,15 @@ def _reserve_requested(store: _Store, range_set: RangeSet, idx: int, ip: IPAddre
 
 
 def _reserve_next(store: _Store, range_set: RangeSet, idx: int, owner: bytes) -> tuple[IPAddress, IPRange]:
+    hinted: list[tuple[IPAddress, IPRange]] = []
     for value, r in _candidates(range_set, store.last_reserved(idx)):
         ip = type(r.start)(value)
+        name = str(ip)
+        if store.known_taken(name):
+            hinted.append((ip, r))
+        elif store.reserve(name, owner, idx):
+            return ip, r
+    for ip, r in hinted:  # the cache is only a hint: "no addresses" is O_EXCL's verdict alone
         if store.reserve(str(ip), owner, idx):
             return ip, r
     raise _fail(f"no IP addresses available in range set: {_set_str(range_set)}")

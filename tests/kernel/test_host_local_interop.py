@@ -69,6 +69,14 @@ def py(command: str, conf: dict, cid: str = "ctr1", ifname: str = "eth0", args: 
 RUNNERS = {"go": go, "py": py}
 
 
+@pytest.fixture(autouse=True, params=["cached", "uncached"])
+def lease_cache(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with pycni's in-process lease cache and without it (full directory reads)."""
+    monkeypatch.setattr(host_local, "_CACHE_LEASES", request.param == "cached")
+    monkeypatch.setattr(host_local, "_stores_opened", max(host_local._stores_opened, 2))
+    return request.param
+
+
 def addresses(result: dict) -> list[str]:
     assert "code" not in result, result
     return [ip["address"].split("/")[0] for ip in result["ips"]]
@@ -310,3 +318,47 @@ def test_go_and_pycni_lock_each_other_out_on_one_attachment(tmp_path: Path, monk
     assert sum("code" not in r for r in go_results + py_results) == 1
     net = tmp_path / NET
     assert len([n for n in os.listdir(net) if (net / n).read_bytes() == b"same\r\neth0"]) == 1
+
+
+# --- the Go binary changes the directory between two calls of a warm pycni cache ----------------
+
+
+def test_go_changes_between_warm_calls_are_seen(tmp_path: Path) -> None:
+    conf = make_conf(tmp_path)
+    assert addresses(py("ADD", conf, "mine")) == ["10.0.0.2"]
+    assert py("CHECK", conf, "mine") is None  # warm
+    assert addresses(go("ADD", conf, "x")) == ["10.0.0.3"]
+    assert addresses(go("ADD", conf, "y")) == ["10.0.0.4"]
+    assert go("DEL", conf, "y") is None
+    assert go("DEL", conf, "mine") is None
+    assert py("CHECK", conf, "x") is None
+    assert py("ADD", conf, "x")["msg"].endswith("10.0.0.3 has been allocated to x, duplicate allocation is not allowed")
+    assert py("CHECK", conf, "y")["msg"] == "host-local: Failed to find address added by container y"
+    assert py("CHECK", conf, "mine")["msg"] == "host-local: Failed to find address added by container mine"
+    assert addresses(py("ADD", conf, "mine")) == ["10.0.0.5"]
+    assert py("DEL", conf, "x") is None
+    assert go("CHECK", conf, "x")["msg"] == "host-local: Failed to find address added by container x"
+    assert {n: v for n, v in snapshot(tmp_path).items() if n[0] == "1"} == {"10.0.0.5": b"mine\r\neth0"}
+
+
+def test_go_giving_a_static_ip_to_another_container_on_a_reused_inode(tmp_path: Path) -> None:
+    """Go: DEL a, ADD b with a's static IP; ext4 usually hands the new lease a's inode number."""
+    conf = make_conf(tmp_path)
+    lease = tmp_path / NET / "10.0.0.50"
+    assert addresses(py("ADD", conf, "a", args="IP=10.0.0.50")) == ["10.0.0.50"]
+    assert py("CHECK", conf, "a") is None  # warm: a owns .50
+    old_inode = lease.stat().st_ino
+    assert go("DEL", conf, "a") is None
+    assert addresses(go("ADD", conf, "b", args="IP=10.0.0.50")) == ["10.0.0.50"]
+    reused = lease.stat().st_ino == old_inode
+    assert py("DEL", conf, "a") is None  # a stale owner must not release b's lease
+    assert lease.read_bytes() == b"b\r\neth0"
+    assert py("CHECK", conf, "b") is None
+    assert py("ADD", conf, "b")["msg"].endswith(
+        "10.0.0.50 has been allocated to b, duplicate allocation is not allowed"
+    )
+    assert py("DEL", conf, "b") is None  # a missed release would leak .50 for good
+    assert not lease.exists()
+    assert addresses(go("ADD", conf, "c", args="IP=10.0.0.50")) == ["10.0.0.50"]
+    if not reused:
+        pytest.skip("the filesystem did not reuse the inode (the scenario ran anyway)")

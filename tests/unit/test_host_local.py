@@ -65,6 +65,14 @@ def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "networks"
 
 
+@pytest.fixture(autouse=True, params=["cached", "uncached"])
+def lease_cache(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs with the in-process lease cache (warm after a directory's first call) and without it."""
+    monkeypatch.setattr(host_local, "_CACHE_LEASES", request.param == "cached")
+    monkeypatch.setattr(host_local, "_stores_opened", max(host_local._stores_opened, 2))
+    return request.param
+
+
 # --- config parsing and validation -------------------------------------------------------------
 
 CONFIG_ERRORS = [
