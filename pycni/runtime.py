@@ -103,7 +103,10 @@ class Runtime:
     # -- plumbing ------------------------------------------------------------------------
 
     def _in_host(self, fn: Callable[..., T], *args: Any) -> T:
-        return _netns.run_in(self.host_netns, fn, *args)
+        # The calling thread enters the host namespace itself (no thread per call), so what the
+        # plugins keep per thread (nftables contexts, netlink sockets) is reused across calls.
+        with _netns.entered(self.host_netns):
+            return fn(*args)
 
     def _run(self, plugin: NetworkConfig, command: str, config: dict[str, Any], rt: RuntimeConf | None) -> Any:
         request = build_request(command, config, rt, self.path)

@@ -1,0 +1,373 @@
+"""Reports derived from a ``bench/run.py`` JSON file: a markdown summary and a PNG chart.
+
+    .venv/bin/python bench/report.py --json results.json --markdown results.md --png results.png
+
+Everything here reads the JSON only, so a report can be regenerated from old results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+OPS = ("add", "check", "del")
+REFERENCE = "reference-exec"
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _ms(value: float) -> str:
+    return "–" if value is None or math.isnan(value) else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def _backends(doc: dict[str, Any]) -> list[str]:
+    ran = {row["backend"] for row in doc["rows"]}
+    return [b for b in doc["config"]["backends"] if b in ran]
+
+
+def _latency(doc: dict[str, Any]) -> list[str]:
+    rows = {(r["backend"], r["n"], r["op"]): r for r in doc["rows"]}
+    out = [
+        "## Latency per container (ms)",
+        "",
+        "Each sample is one call of the whole chain for one container (`time.perf_counter`). "
+        f"`×ref` = p50 / p50 of {REFERENCE} at the same N and op (< 1 is faster). "
+        "With fewer than 100 samples p99 is close to the maximum.",
+        "",
+    ]
+    body = []
+    for op in OPS:
+        for n in sorted({r["n"] for r in doc["rows"]}):
+            ref = rows.get((REFERENCE, n, op))
+            for backend in _backends(doc):
+                row = rows.get((backend, n, op))
+                if row is None:
+                    continue
+                ratio = f"{row['p50_ms'] / ref['p50_ms']:.2f}×" if ref and backend != REFERENCE else ""
+                errors = f"{row['errors']}/{len(row['samples'])}" if row["errors"] else ""
+                body.append((op, n, backend, _ms(row["p50_ms"]), _ms(row["p90_ms"]), _ms(row["p99_ms"]), ratio, errors))
+    out += _table(("op", "N", "backend", "p50", "p90", "p99", "×ref", "errors"), body)
+    failed = [r for r in doc["rows"] if r["errors"]]
+    if failed:
+        out += ["Errors (count, first message):", ""]
+        out += [f"- {r['backend']} n={r['n']} {r['op']}: {r['errors']} — `{r['first_error']}`" for r in failed]
+        out.append("")
+    return out
+
+
+def _rules(doc: dict[str, Any]) -> list[str]:
+    if not doc["cells"]:
+        return []
+    out = [
+        "## Firewall state and first-packet cost",
+        "",
+        "Counted in the host namespace after all ADDs (nftables JSON `list ruleset`, which includes "
+        "iptables-nft's tables; iptables = `-A` lines of iptables-save + ip6tables-save) and after all DELs. "
+        "First packet = rules evaluated on the NAT prerouting path by a new TCP connection from outside "
+        "to the last container's host port (a static walk of the ruleset; map/set lookups in brackets); "
+        "`ok` = the walk reached the DNAT to that container.",
+        "",
+    ]
+    body = []
+    for cell in sorted(doc["cells"], key=lambda c: (c["n"], _backends(doc).index(c["backend"]))):
+        add, dele, fp = cell["rules_after_add"], cell["rules_after_del"], cell["first_packet"]
+        walk = fp.get("error") or f"{fp['rules_evaluated']} [{fp['lookups']}] {'ok' if fp['ok'] else 'WRONG'}"
+        body.append(
+            (
+                cell["n"],
+                cell["backend"],
+                add["nft_rules"],
+                add["nft_elements"],
+                add["iptables_rules"] + add["ip6tables_rules"],
+                walk,
+                dele["nft_rules"],
+                dele["nft_elements"],
+                dele["iptables_rules"] + dele["ip6tables_rules"],
+                "yes" if cell["distinct_addresses"] else "NO",
+            )
+        )
+    header = (
+        "N",
+        "backend",
+        "nft rules",
+        "set/map elems",
+        "iptables rules",
+        "first packet",
+        "nft rules after DEL",
+        "elems after DEL",
+        "iptables after DEL",
+        "distinct addrs",
+    )
+    return out + _table(header, body)
+
+
+def _overhead(doc: dict[str, Any]) -> list[str]:
+    o = doc.get("overhead") or {}
+    if not o:
+        return []
+    out = ["## Runtime overhead", ""]
+    if "skipped" in o or "error" in o:
+        return out + [f"Not measured: {o.get('skipped') or o.get('error')}", ""]
+    out.append(
+        f"Exec path, reference plugins: {o['samples']} ADDs through pycni's runtime vs the summed "
+        "`pycni.invoke.raw_exec` time of the same plugin binaries with the same stdin and env, from a thread "
+        "already in the same host namespace (a separate run, so per-sample differences carry exec noise). "
+        "`accounted` = the runtime's call minus the time inside its backend's calls of the *same* call: the "
+        "runtime's own work (requests, a thread per plugin call to enter the host namespace, result parsing, "
+        "locks, cache), free of that noise. For the in-process backend the same accounting also catches what "
+        "the plugins leave to the exit of that thread."
+    )
+    out.append("")
+    labels = [
+        ("exec: runtime ADD", o["runtime_add"]),
+        ("exec: raw exec sum", o["raw_exec_sum"]),
+        ("exec: overhead = runtime − raw", o["overhead"]),
+        ("exec: accounted ADD", o["accounted"]),
+        ("exec: accounted DEL", o["del_accounted"]),
+    ]
+    if "inprocess" in o:
+        inp = o["inprocess"]
+        labels += [
+            ("in-process: ADD", inp["add"]),
+            ("in-process: accounted ADD", inp["add_accounted"]),
+            ("in-process: DEL", inp["del"]),
+            ("in-process: accounted DEL", inp["del_accounted"]),
+        ]
+    body = [(label, _ms(v["p50_ms"]), _ms(v["p90_ms"]), _ms(v["p99_ms"])) for label, v in labels]
+    out += _table(("", "p50 ms", "p90 ms", "p99 ms"), body)
+    per = ", ".join(f"{t} {_ms(v)}" for t, v in o["raw_exec_p50_ms_by_plugin"].items())
+    return out + [f"Raw exec p50 per plugin (ms): {per}.", ""]
+
+
+def _concurrency(doc: dict[str, Any]) -> list[str]:
+    if not doc["concurrency"]:
+        return []
+    out = [
+        "## Concurrency",
+        "",
+        "ADD (then DEL) of the same containers from W threads sharing one runtime; throughput = successful "
+        "calls / wall time.",
+        "",
+    ]
+    body = []
+    for r in doc["concurrency"]:
+        add, dele = r["add"], r["del"]
+        body.append(
+            (
+                r["backend"],
+                r["containers"],
+                r["workers"],
+                f"{add['throughput_per_s']:.1f}",
+                _ms(add["p50_ms"]),
+                _ms(add["p99_ms"]),
+                add["errors"],
+                "yes" if add["distinct_addresses"] else "NO",
+                f"{dele['throughput_per_s']:.1f}",
+                dele["errors"],
+            )
+        )
+    header = (
+        "backend",
+        "containers",
+        "workers",
+        "ADD/s",
+        "ADD p50 ms",
+        "ADD p99 ms",
+        "ADD errors",
+        "distinct addrs",
+        "DEL/s",
+        "DEL errors",
+    )
+    out += _table(header, body)
+    errors = [
+        f"- {r['backend']} W={r['workers']} {op}: `{r[op]['first_error']}`"
+        for r in doc["concurrency"]
+        for op in ("add", "del")
+        if r[op]["errors"]
+    ]
+    return out + (errors + [""] if errors else [])
+
+
+def _memory(doc: dict[str, Any]) -> list[str]:
+    if not doc["memory"]:
+        return []
+    out = [
+        "## Memory",
+        "",
+        "A fresh interpreter per backend ADDs the containers; VmHWM = its peak RSS (n=0: after imports, "
+        "before the first ADD), largest child = `ru_maxrss` of its biggest exec'd process.",
+        "",
+    ]
+    body = []
+    for m in doc["memory"]:
+        if "error" in m:
+            body.append((m["backend"], "–", m["error"], "", "", ""))
+            continue
+        for p in m["points"]:
+            body.append(
+                (
+                    m["backend"],
+                    p["n"],
+                    f"{p['vm_hwm_kib'] / 1024:.1f}",
+                    f"{p['vm_rss_kib'] / 1024:.1f}",
+                    f"{p['children_maxrss_kib'] / 1024:.1f}",
+                    m["errors"] if p is m["points"][-1] and m["errors"] else "",
+                )
+            )
+    return out + _table(("backend", "N", "VmHWM MiB", "VmRSS MiB", "largest child MiB", "ADD errors"), body)
+
+
+def _parsing(doc: dict[str, Any]) -> list[str]:
+    if not doc["parsing"]:
+        return []
+    out = [
+        "## Result parsing (per second, one core)",
+        "",
+        "The same bridge-like result encoded per spec version; floor = `json.loads` of the same bytes.",
+        "",
+    ]
+    body = [
+        (
+            r["version"],
+            r["bytes"],
+            f"{r['json_loads_per_s']:,}",
+            f"{r['parse_per_s']:,}",
+            f"{r['parse_convert_per_s']:,}",
+            f"{r['parse_convert_vs_json_loads']:.1f}×",
+        )
+        for r in doc["parsing"]
+    ]
+    header = ("version", "bytes", "json.loads", "parse_result", "parse + convert to 1.1.0", "cost vs json.loads")
+    return out + _table(header, body)
+
+
+def _warmup(doc: dict[str, Any]) -> list[str]:
+    if not doc["warmup"]:
+        return []
+    out = ["## Warm-up cells (1 container, first use of each backend in the run; not in the tables above)", ""]
+    body = [(r["backend"], r["op"], _ms(r["p50_ms"]), r["errors"] or "") for r in doc["warmup"]]
+    return out + _table(("backend", "op", "ms", "errors"), body)
+
+
+def _header(doc: dict[str, Any]) -> list[str]:
+    m, c = doc["machine"], doc["config"]
+    debs = m.get("debian_packages", {})
+    load_start = ", ".join(f"{x:.2f}" for x in m.get("loadavg", []))
+    load_end = ", ".join(f"{x:.2f}" for x in doc.get("loadavg_at_end", []))
+    out = [
+        f"# pycni benchmark {doc['run_id']} ({doc['started']})",
+        "",
+        f"- Machine: {m.get('cpu_model')} × {m.get('cores')} cores, {m.get('memory_mib')} MiB,"
+        f" kernel {m.get('kernel')}, {m.get('os')}; load average {load_start} at start, {load_end} at end",
+        f"- Python {m.get('python')}, pycni {m.get('pycni')} (git {str(m.get('pycni_git', {}).get('commit'))[:12]}"
+        f"{' dirty' if m.get('pycni_git', {}).get('dirty') else ''}), pyroute2 {m.get('pyroute2')},"
+        f" libnftables {debs.get('libnftables1')}, {m.get('iptables')}",
+        f"- Reference plugins: containernetworking-plugins {debs.get('containernetworking-plugins')};"
+        f" netavark {m.get('netavark')}",
+        f"- Workload: {' → '.join(c['chain'])} (cniVersion {c['cni_version']}), bridge + host-local {c['subnet']},"
+        f" ipMasq, isGateway, one port mapping per container ({c['host_port_base']}+i → {c['container_port']}/tcp);"
+        " N containers per cell, each in its own namespace, all in one throwaway host namespace per cell",
+        f"- N: {c['n']}; backends: {', '.join(c['backends'])}; wall time {doc.get('wall_s')} s",
+    ]
+    out += [f"- Skipped {name}: {why}" for name, why in doc["skipped"].items()]
+    if doc.get("interrupted"):
+        out.append("- **Interrupted**: partial results")
+    if doc.get("error"):
+        out.append("- **Failed**: see `error` in the JSON")
+    return out + [""]
+
+
+def _cleanup(doc: dict[str, Any]) -> list[str]:
+    cleanup = doc.get("cleanup", {})
+    swept = cleanup.get("swept_namespaces") or []
+    return [
+        f"Cleanup: temp dir removed: {cleanup.get('temp_root_removed')}; namespaces the final sweep had to remove:"
+        f" {len(swept)}.",
+        "",
+    ]
+
+
+CAVEATS = (
+    "The reference portmap 1.1.1 fails every CHECK (it looks for an IPv6 DNAT chain it never made), so its "
+    "CHECK rows time a failing CHECK.",
+    "netavark 1.4 has no CHECK and no IPAM (Podman allocates): each container gets the address host-local would "
+    "give it. Its forwarding rules are per network (two FORWARD accepts for the subnet), not per container "
+    "as the firewall plugin's, and its per-network DNAT chain holds every container's rules, which is why its "
+    "first packet walks ~4 rules per container. Its last teardown also deletes the bridge.",
+    "pycni's link deletion returns once the kernel announces the link gone (RTM_DELLINK) and leaves the "
+    "acknowledgement, which waits for an RCU grace period, to a helper thread; the reference plugins wait for it.",
+    "Each cell destroys its namespaces when it ends; the kernel finishes that work in the background, so a "
+    "cell that follows a large one can be slowed by it (the rotation spreads this over the backends).",
+)
+
+
+def _caveats(doc: dict[str, Any]) -> list[str]:
+    return ["## Caveats", "", *(f"- {c}" for c in CAVEATS), ""]
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    parts = (_header, _latency, _rules, _overhead, _concurrency, _memory, _parsing, _warmup, _caveats, _cleanup)
+    return "\n".join(line for part in parts for line in part(doc))
+
+
+def png(doc: dict[str, Any], path: str) -> None:
+    """p50 latency vs N per backend, one panel per op, log-log; the band reaches up to p90."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ops = [op for op in OPS if any(r["op"] == op for r in doc["rows"])]
+    fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4.5), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        for backend in _backends(doc):
+            rows = sorted((r for r in doc["rows"] if r["backend"] == backend and r["op"] == op), key=lambda r: r["n"])
+            if not rows:
+                continue
+            ns = [r["n"] for r in rows]
+            (line,) = ax.plot(ns, [r["p50_ms"] for r in rows], marker="o", label=backend)
+            ax.fill_between(
+                ns, [r["p50_ms"] for r in rows], [r["p90_ms"] for r in rows], color=line.get_color(), alpha=0.15
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(op.upper())
+        ax.set_xlabel("containers on the bridge (N)")
+        ax.set_ylabel("ms per container (p50, band to p90)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    m = doc["machine"]
+    fig.suptitle(f"pycni bench {doc['run_id']}: {m.get('cpu_model')} × {m.get('cores')}, kernel {m.get('kernel')}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Markdown and PNG reports from bench/run.py JSON.")
+    p.add_argument("--json", required=True, metavar="PATH", help="results written by bench/run.py --json")
+    p.add_argument("--markdown", metavar="OUT.md")
+    p.add_argument("--png", metavar="OUT.png")
+    args = p.parse_args(argv)
+    doc = json.loads(Path(args.json).read_text())
+    text = markdown(doc)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    else:
+        print(text)
+    if args.png:
+        png(doc, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

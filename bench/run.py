@@ -1,0 +1,239 @@
+"""Benchmark pycni against the Go reference plugins and netavark; write the results as JSON.
+
+Run from the repository root, as root (everything happens in namespaces the harness creates):
+
+    .venv/bin/python bench/run.py --quick --json /tmp/bench.json
+    .venv/bin/python bench/run.py --n 1,10,100,1000 --json results.json
+    .venv/bin/python bench/report.py --json results.json --markdown results.md --png results.png
+
+Sections (``--sections``): ``latency`` (ADD/CHECK/DEL per backend × N, with rule counts and the
+first-packet walk per cell), ``overhead`` (runtime vs raw exec), ``concurrency``, ``memory``,
+``parsing``. Backends are alternated per N with a rotating start so machine drift hits all of
+them alike; one untimed-in-the-table warm-up cell per backend runs first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file from anywhere
+
+from bench import backends, machine, measure, memory, parsing, report
+from bench.session import Session, install_signal_handlers
+
+SECTIONS = ("latency", "overhead", "concurrency", "memory", "parsing")
+SCHEMA = 1
+
+
+def _ints(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of positive integers")
+    return values
+
+
+def _names(choices: tuple[str, ...]) -> Any:
+    def parse(text: str) -> list[str]:
+        names = [v.strip() for v in text.split(",") if v.strip()]
+        unknown = [n for n in names if n not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {unknown}; choose from {', '.join(choices)}")
+        return names
+
+    return parse
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="N in 1,10,100 (overrides --n)")
+    p.add_argument("--n", type=_ints, default=[1, 10, 100, 1000], help="containers per cell (default 1,10,100,1000)")
+    p.add_argument("--backends", type=_names(backends.BACKENDS), default=list(backends.BACKENDS))
+    p.add_argument("--json", metavar="PATH", help="write the results here")
+    p.add_argument("--sections", type=_names(SECTIONS), default=list(SECTIONS))
+    p.add_argument("--overhead-samples", type=int, default=20, metavar="K")
+    p.add_argument("--concurrency-n", type=int, default=100, metavar="N")
+    p.add_argument("--concurrency-workers", type=_ints, default=[1, 4, 16], metavar="LIST")
+    p.add_argument(
+        "--concurrency-backends",
+        type=_names(backends.BACKENDS),
+        default=["pycni-inprocess", "reference-exec"],
+        metavar="LIST",
+    )
+    p.add_argument(
+        "--memory-backends",
+        type=_names(backends.BACKENDS),
+        default=["pycni-inprocess", "reference-exec", "netavark"],
+        metavar="LIST",
+        help="measured at each N of the run, up to the largest",
+    )
+    p.add_argument("--parse-time", type=float, default=0.1, metavar="S", help="seconds per parsing measurement")
+    args = p.parse_args(argv)
+    if args.json and not os.access(Path(args.json).resolve().parent, os.W_OK):
+        p.error(f"--json {args.json}: its directory does not exist or is not writable")  # fail before, not after, a run
+    if args.quick:
+        args.n = [1, 10, 100]
+    return args
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+def _rotate(names: list[str], k: int) -> list[str]:
+    k %= len(names)
+    return names[k:] + names[:k]
+
+
+def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progress: measure.Progress) -> None:
+    """Fill ``doc`` section by section (what finished stays there if a later section fails)."""
+    available: dict[str, backends.Backend] = {}
+    for name in args.backends:
+        why = backends.problem(name)
+        if why is None:
+            try:
+                available[name] = backends.backend(name, session.root)
+            except (OSError, ValueError, ImportError) as e:
+                why = f"setup failed: {e}"
+        if why is not None:
+            doc["skipped"][name] = why
+            progress.line(f"skipping {name}: {why}")
+    names = list(available)
+    if not names:
+        raise RuntimeError(f"no backend can run here: {doc['skipped']}")
+
+    if "latency" in args.sections:
+        progress.line(f"== warm-up: one cell of 1 container per backend ({', '.join(names)})")
+        for name in names:
+            doc["warmup"].extend(measure.latency_cell(available[name], 1, session, progress)[0])
+        for k, n in enumerate(args.n):
+            order = _rotate(names, k)
+            progress.line(f"== latency n={n}: {' → '.join(order)}")
+            for position, name in enumerate(order):
+                rows, facts = measure.latency_cell(available[name], n, session, progress)
+                doc["rows"].extend(rows)
+                doc["cells"].append({**facts, "position": position})
+
+    if "overhead" in args.sections:
+        progress.line(f"== runtime overhead: {args.overhead_samples} ADDs, runtime vs raw exec of the same requests")
+        if "reference-exec" in available:
+            try:
+                doc["overhead"] = measure.runtime_overhead(
+                    args.overhead_samples, "pycni-inprocess" in available, session, progress
+                )
+            except backends.FAILURES as e:  # the measurement needs every call to succeed
+                doc["overhead"] = {"error": str(e)}
+                progress.line(f"    failed: {e}")
+        else:
+            doc["overhead"] = {"skipped": "needs the reference plugins (reference-exec)"}
+
+    if "concurrency" in args.sections:
+        progress.line(f"== concurrency: {args.concurrency_n} containers, workers {args.concurrency_workers}")
+        for name in args.concurrency_backends:
+            if name not in available:
+                continue
+            for workers in args.concurrency_workers:
+                doc["concurrency"].append(
+                    measure.concurrency(available[name], args.concurrency_n, workers, session, progress)
+                )
+
+    if "memory" in args.sections:
+        checkpoints = sorted(set(args.n))
+        progress.line(f"== memory: peak RSS of a fresh process doing the ADDs, at N = {checkpoints}")
+        for name in args.memory_backends:
+            if name not in available:
+                continue
+            result = memory.measure(name, checkpoints, session)
+            doc["memory"].append(result)
+            if "error" in result:
+                progress.line(f"    {name:<16} failed: {result['error']}")
+                continue
+            first, last = result["points"][0], result["points"][-1]
+            progress.line(
+                f"    {name:<16} VmHWM {first['vm_hwm_kib'] / 1024:.1f} MiB after imports,"
+                f" {last['vm_hwm_kib'] / 1024:.1f} MiB at n={last['n']};"
+                f" largest child {last['children_maxrss_kib'] / 1024:.1f} MiB"
+            )
+
+    if "parsing" in args.sections:
+        progress.line("== parsing: results per second per spec version")
+        doc["parsing"] = parsing.measure(args.parse_time)
+        for row in doc["parsing"]:
+            progress.line(
+                f"    {row['version']}: json.loads {row['json_loads_per_s']:>9,}/s  parse {row['parse_per_s']:>9,}/s"
+                f"  parse+convert {row['parse_convert_per_s']:>9,}/s"
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench/run.py needs root: it creates network namespaces (and touches nothing else)", file=sys.stderr)
+        return 2
+    install_signal_handlers()
+    progress = measure.Progress()
+    session = Session()
+    doc: dict[str, Any] = {
+        "schema": SCHEMA,
+        "run_id": session.run_id,
+        "started": _now(),
+        "argv": sys.argv[1:] if argv is None else argv,
+        "config": {
+            "n": args.n,
+            "backends": args.backends,
+            "sections": args.sections,
+            "cni_version": backends.CNI_VERSION,
+            "chain": list(backends.CHAIN),
+            "subnet": str(backends.SUBNET),
+            "host_port_base": backends.HOST_PORT_BASE,
+            "container_port": backends.CONTAINER_PORT,
+            "netavark_argv": [*backends.netavark_argv("<cell dir>/netavark"), "setup|teardown", "<container netns>"],
+            "temp_root": session.root,
+            "namespace_prefix": session.prefix,
+        },
+        "machine": {},
+        "skipped": {},
+        "warmup": [],
+        "rows": [],
+        "cells": [],
+        "overhead": {},
+        "concurrency": [],
+        "memory": [],
+        "parsing": [],
+    }
+    status = 0
+    started = time.monotonic()
+    progress.line(f"pycni bench run {session.run_id}: namespaces {session.prefix}*, temp {session.root}")
+    try:
+        doc["machine"] = machine.describe()
+        run(args, session, doc, progress)
+    except KeyboardInterrupt:
+        doc["interrupted"] = True
+        status = 130
+        progress.line("interrupted: cleaning up")
+    except BaseException:
+        doc["error"] = traceback.format_exc()
+        status = 1
+        raise
+    finally:
+        swept = session.close()
+        doc["cleanup"] = {"swept_namespaces": swept, "temp_root_removed": not os.path.exists(session.root)}
+        doc["finished"] = _now()
+        doc["wall_s"] = round(time.monotonic() - started, 1)
+        doc["loadavg_at_end"] = list(os.getloadavg())
+        if args.json:
+            Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
+            progress.line(f"wrote {args.json}")
+    print(report.markdown(doc))
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Everything the harness creates, and the guarantee that all of it goes away.
+
+A :class:`Session` owns one temporary directory and names every namespace it makes
+``pycni-bench-<run id>-…``. A :meth:`Session.cell` is one measured unit (a throwaway host
+namespace, N container namespaces, a work dir with the IPAM dataDir, the results cache and
+``PYCNI_STATE_DIR``), torn down when its block ends however it ends. :meth:`Session.close`
+waits for in-flight plugin threads, then sweeps any namespace left with the session's prefix
+(a Ctrl-C in the middle of a ``create`` can leave one) and removes the directory. SIGINT,
+SIGTERM and SIGHUP raise KeyboardInterrupt (SIGINT even when a shell started the harness with
+it ignored), so ``finally`` blocks run; signals are ignored while closing, so a second Ctrl-C
+cannot interrupt the cleanup itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pycni import netns
+
+PREFIX = "pycni-bench-"
+JOIN_DEADLINE = 15.0  # an exec'd plugin call finishes well within this; its timeout is 60 s
+
+
+@dataclass(frozen=True)
+class Cell:
+    """Paths of one measured unit; plain strings so a child process can be handed them."""
+
+    label: str
+    host: str
+    containers: tuple[str, ...]
+    dir: str
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def install_signal_handlers() -> None:
+    # SIGINT too: a shell starts background jobs with SIGINT ignored, and `kill -INT` must still clean up.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+
+
+@contextlib.contextmanager
+def signals_ignored() -> Iterator[None]:
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def namespaces_with_prefix(prefix: str) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(netns.RUN_DIR) if n.startswith(prefix))
+    except FileNotFoundError:
+        return []
+
+
+class Session:
+    """One harness run: its run id, temp root and namespaces (``prefix`` = ``pycni-bench-<id>-``)."""
+
+    def __init__(self, run_id: str | None = None, *, root: str | None = None) -> None:
+        self.run_id = run_id or secrets.token_hex(3)
+        self.prefix = f"{PREFIX}{self.run_id}-"
+        self.root = root or tempfile.mkdtemp(prefix=self.prefix)
+        os.makedirs(self.root, exist_ok=True)
+        self._cells = 0
+
+    @contextlib.contextmanager
+    def cell(self, label: str, n: int) -> Iterator[Cell]:
+        """A host namespace + ``n`` container namespaces + a work dir, for the block."""
+        self._cells += 1
+        tag = f"{self._cells:03d}-{label}"
+        work = tempfile.mkdtemp(prefix=f"{tag}-", dir=self.root)
+        saved_state = os.environ.get("PYCNI_STATE_DIR")
+        with contextlib.ExitStack() as stack:
+            stack.callback(shutil.rmtree, work, True)
+            stack.callback(_restore_env, "PYCNI_STATE_DIR", saved_state)
+            os.environ["PYCNI_STATE_DIR"] = os.path.join(work, "state")
+            host = stack.enter_context(netns.Throwaway(name=f"{self.prefix}{tag}-host"))
+            containers = [stack.enter_context(netns.Throwaway(name=f"{self.prefix}{tag}-c{i}")) for i in range(n)]
+            yield Cell(label, host.path, tuple(c.path for c in containers), work)
+
+    def close(self) -> list[str]:
+        """Remove everything left; returns the namespaces the sweep had to remove."""
+        with signals_ignored():
+            join_netns_threads()
+            leftovers = namespaces_with_prefix(self.prefix)
+            for name in leftovers:
+                netns.remove(name)
+            shutil.rmtree(self.root, ignore_errors=True)
+            return leftovers
+
+
+def _restore_env(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
+
+
+def join_netns_threads() -> None:
+    """Wait for worker threads still inside a namespace (pycni's ``run_in`` names them ``netns:``):
+    after a Ctrl-C they may still be running an exec'd plugin, which must finish before its
+    namespace and files go away."""
+    deadline = time.monotonic() + JOIN_DEADLINE
+    for thread in threading.enumerate():
+        if thread.name.startswith("netns:") and thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))

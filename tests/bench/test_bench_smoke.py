@@ -1,0 +1,106 @@
+"""Smoke tests of the benchmark harness: every section at n=1, the JSON's shape, nothing left behind,
+also when interrupted.
+
+Runs ``bench/run.py`` as a subprocess (as a user would) for the reference plugins and every other
+backend that can run here, then derives the markdown and PNG reports from its JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench import backends
+from bench.session import namespaces_with_prefix
+
+pytestmark = [pytest.mark.privileged, pytest.mark.reference]
+
+REPO = Path(__file__).resolve().parents[2]
+ROW_KEYS = {"backend", "n", "op", "p50_ms", "p90_ms", "p99_ms", "samples", "errors", "first_error"}
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """Not ``tmp_path``: concurrent pytest sessions on this machine prune each other's basetemp."""
+    with tempfile.TemporaryDirectory(prefix="pycni-bench-test-") as path:
+        yield Path(path)
+
+
+def test_harness_runs_every_section_and_leaves_nothing(workdir: Path) -> None:
+    names = [n for n in backends.BACKENDS if backends.problem(n) is None]
+    assert "reference-exec" in names
+    out = workdir / "bench.json"
+    argv = [
+        sys.executable,
+        "bench/run.py",
+        "--n", "1",
+        "--backends", ",".join(names),
+        "--overhead-samples", "2",
+        "--concurrency-n", "2",
+        "--concurrency-workers", "1,2",
+        "--parse-time", "0.005",
+        "--json", str(out),
+    ]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+
+    assert {"cpu_model", "cores", "kernel", "python", "pyroute2", "debian_packages"} <= doc["machine"].keys()
+    assert doc["skipped"] == {}
+    for name in names:
+        rows = {r["op"]: r for r in doc["rows"] if r["backend"] == name}
+        assert set(rows) == set(("add", "del") if name == "netavark" else ("add", "check", "del")), name
+        for row in rows.values():
+            assert ROW_KEYS <= row.keys() and row["n"] == 1 and len(row["samples"]) == 1
+            assert row["p50_ms"] > 0
+        assert rows["add"]["errors"] == 0 and rows["del"]["errors"] == 0, [r["first_error"] for r in rows.values()]
+        (cell,) = [c for c in doc["cells"] if c["backend"] == name]
+        assert cell["first_packet"]["ok"], cell["first_packet"]
+        assert cell["distinct_addresses"] and cell["addresses"] == 1
+        assert cell["open_fds_delta"] <= 0, (name, cell["open_fds_new"])
+        assert not cell["threads_left"], (name, cell["threads_left"])
+    assert doc["overhead"]["samples"] == 2 and "p50_ms" in doc["overhead"]["accounted"]
+    assert {(c["backend"], c["workers"]) for c in doc["concurrency"]} >= {("reference-exec", 1), ("reference-exec", 2)}
+    assert all(c["add"]["errors"] == 0 and c["add"]["distinct_addresses"] for c in doc["concurrency"])
+    assert all(m["points"][-1]["vm_hwm_kib"] > 0 for m in doc["memory"]), doc["memory"]
+    assert {r["version"] for r in doc["parsing"]} >= {"0.2.0", "0.4.0", "1.0.0", "1.1.0"}
+
+    assert doc["cleanup"] == {"swept_namespaces": [], "temp_root_removed": True}
+    assert not namespaces_with_prefix(doc["config"]["namespace_prefix"])
+    assert not os.path.exists(doc["config"]["temp_root"])
+
+    md, png = workdir / "bench.md", workdir / "bench.png"
+    report = [sys.executable, "bench/report.py", "--json", str(out), "--markdown", str(md), "--png", str(png)]
+    subprocess.run(report, cwd=REPO, check=True, timeout=60)
+    assert "## Latency per container (ms)" in md.read_text()
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_interrupted_run_cleans_up(workdir: Path) -> None:
+    out = workdir / "bench.json"
+    argv = [sys.executable, "bench/run.py", "--n", "20", "--backends", "reference-exec", "--sections", "latency"]
+    proc = subprocess.Popen([*argv, "--json", str(out)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # interrupt in the middle of the n=20 cell's ADDs
+            if b"== latency n=20" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=90) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    doc = json.loads(out.read_text())
+    assert doc["interrupted"] is True
+    assert doc["cleanup"]["temp_root_removed"]
+    assert not namespaces_with_prefix(doc["config"]["namespace_prefix"])
+    assert not os.path.exists(doc["config"]["temp_root"])
