@@ -18,9 +18,11 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import secrets
 import struct
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -32,6 +34,15 @@ from .errors import CacheError, InvalidArgumentError
 from .request import validate_container_id, validate_ifname
 
 __all__ = ["ResultsCache", "CachedAttachment", "DEFAULT_CACHE_DIR", "CACHE_KIND"]
+
+log = logging.getLogger("pycni.cache")
+_local_locks: dict[tuple[str, str, int], threading.Lock] = {}
+
+
+def _unwritable(e: BaseException) -> bool:
+    if isinstance(e, OSError):
+        return e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+    return "read-only" in str(e).lower() or "permission denied" in str(e).lower()
 
 DEFAULT_CACHE_DIR = "/var/lib/cni"
 CACHE_KIND = "cniCacheV1"
@@ -159,10 +170,10 @@ class ResultsCache:
         """Fail now, with a clear error, if entries could not be written later."""
         dfd = self._open_dir(self.results_dir, create=True)
         try:
-            if not os.access(self.results_dir, os.W_OK | os.X_OK):
-                raise CacheError(f"cache dir {self.results_dir} is not writable")
             if os.statvfs(dfd).f_flag & os.ST_RDONLY:
                 raise CacheError(f"cache dir {self.results_dir} is on a read-only filesystem")
+            if not os.access(self.results_dir, os.W_OK | os.X_OK):
+                raise CacheError(f"cache dir {self.results_dir} is not writable")
         finally:
             os.close(dfd)
 
@@ -228,7 +239,9 @@ class ResultsCache:
             decoded = _json.loads(data)
         except _json.JSONDecodeFailure as e:
             raise CacheError(f"failed to decode cached result for {network}/{container_id}/{ifname}: {e}") from None
-        if isinstance(decoded, dict) and decoded.get("kind") == CACHE_KIND:
+        if isinstance(decoded, dict) and "kind" in decoded:
+            # libcni would try a foreign-kind file as a legacy result; legacy results never had a
+            # "kind", so such a file is someone else's and must not become a prevResult.
             return CachedAttachment.from_json(decoded)
         if not isinstance(decoded, dict):
             raise CacheError(f"cached result for {network}/{container_id}/{ifname} is not a JSON object")
@@ -296,13 +309,21 @@ class ResultsCache:
 
     @contextlib.contextmanager
     def _range_lock(self, name: str, offset: int, *, exclusive: bool) -> Iterator[None]:
-        dfd = self._open_dir(self.locks_dir, create=True)
         try:
-            fd = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-        except OSError as e:
-            raise CacheError(f"failed to open lock {self.locks_dir}/{name}.lock: {e.strerror}") from None
-        finally:
-            os.close(dfd)
+            dfd = self._open_dir(self.locks_dir, create=True)
+            try:
+                fd = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        except (OSError, CacheError) as e:
+            if not _unwritable(e):
+                raise CacheError(f"failed to open lock {self.locks_dir}/{name}.lock: {e}") from None
+            # A read-only cache must not stop DEL from cleaning the kernel: lock within this
+            # process only (ADD refuses such a cache before running anything anyway).
+            log.warning("cache %s is not writable (%s); locking within this process only", self.root, e)
+            with _local_locks.setdefault((self.root, name, offset), threading.Lock()):
+                yield
+            return
         try:
             kind = fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK
             fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("@hhqqi4x", kind, os.SEEK_SET, offset, 1, 0))
