@@ -11,7 +11,7 @@ import json
 import math
 from typing import Any
 
-__all__ = ["JSONDecodeFailure", "loads", "dumps_compact", "go_escape"]
+__all__ = ["JSONDecodeFailure", "loads", "dumps_compact", "go_escape", "kind", "go_kind"]
 
 
 class JSONDecodeFailure(ValueError):
@@ -25,15 +25,27 @@ def _reject_constant(name: str) -> Any:
 def _parse_float(text: str) -> float:
     value = float(text)
     if math.isinf(value):
-        raise JSONDecodeFailure(f"number {text} out of range")
+        raise JSONDecodeFailure(f"number {text[:40]} out of range")
     return value
 
 
+def _float64_int(text: str) -> int:
+    if len(text) > 300:  # shorter literals always fit a float64
+        _parse_float(text)
+    return int(text)
+
+
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_float)
+# Go code that decodes into interface{} (libcni reading results) turns every number into a
+# float64, so an integer literal beyond float64 range is an error there too.
+_FLOAT64_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_float, parse_int=_float64_int)
 
 
-def loads(data: bytes | str) -> Any:
-    """Decode one JSON document; raise :class:`JSONDecodeFailure` with a readable reason."""
+def loads(data: bytes | str, *, float64_numbers: bool = False) -> Any:
+    """Decode one JSON document; raise :class:`JSONDecodeFailure` with a readable reason.
+
+    ``float64_numbers`` also refuses integers a float64 cannot hold (as libcni does for results).
+    """
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
             data = bytes(data).decode("utf-8")
@@ -42,11 +54,11 @@ def loads(data: bytes | str) -> Any:
     if not data.strip():
         raise JSONDecodeFailure("unexpected end of JSON input")
     try:
-        return _DECODER.decode(data)
+        return (_FLOAT64_DECODER if float64_numbers else _DECODER).decode(data)
     except json.JSONDecodeError as e:
         raise JSONDecodeFailure(f"{e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
-        raise JSONDecodeFailure("nesting too deep") from None
+        raise JSONDecodeFailure("JSON nested too deeply") from None
     except ValueError as e:  # int-string conversion limit, etc.
         raise JSONDecodeFailure(str(e)) from None
 
@@ -61,3 +73,31 @@ _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u
 def go_escape(encoded: str) -> str:
     """Apply Go's HTML-safe escaping to already-encoded JSON (those characters only occur in strings)."""
     return encoded.translate(_GO_ESCAPES)
+
+
+def kind(value: Any) -> str:
+    """A decoded value's JSON kind for messages ("an array", "null", ...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def go_kind(value: Any) -> str:
+    """The kind Go's encoding/json names in "cannot unmarshal <kind> into ..." errors."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"

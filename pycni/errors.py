@@ -23,6 +23,8 @@ import enum
 from collections.abc import Iterable
 from typing import Any
 
+from ._json import kind as _kind
+
 __all__ = [
     "ErrorCode",
     "CNIError",
@@ -113,7 +115,7 @@ class CNIError(Exception):
     def from_json(cls, data: Any) -> CNIError:
         """Decode an error result; anything malformed raises :class:`ResultError`."""
         if not isinstance(data, dict):
-            raise ResultError(f"error result must be a JSON object, not {_json_kind(data)}")
+            raise ResultError(f"error result must be a JSON object, not {_kind(data)}")
         code = data.get("code", 0)
         if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code < 2**32:
             raise ResultError(f"error result field 'code' must be an unsigned integer, got {code!r}")
@@ -121,7 +123,7 @@ class CNIError(Exception):
         details = data.get("details", "")
         for key, value in (("msg", msg), ("details", details)):
             if not isinstance(value, str):
-                raise ResultError(f"error result field {key!r} must be a string, got {_json_kind(value)}")
+                raise ResultError(f"error result field {key!r} must be a string, got {_kind(value)}")
         return cls(msg, details, code=code)
 
 
@@ -208,19 +210,3 @@ class MultiError(CNIError):
         first = self.errors[0] if self.errors else None
         kw.setdefault("code", first.code if first is not None else ErrorCode.UNKNOWN)
         super().__init__(msg or "\n".join(str(e) for e in self.errors), **kw)
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from .._json import kind
 from ..errors import ResultError
 
 IPAddress = IPv4Address | IPv6Address
@@ -71,23 +72,6 @@ def checked(decode: Callable[[Any], T], obj: Any, what: str) -> T:
         return decode(obj)
     except Invalid as e:
         raise e.error(what) from None
-
-
-def kind(value: Any) -> str:
-    """The JSON kind of a decoded value, for messages ("an array", "null"...)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
 
 
 def quote(text: str) -> str:

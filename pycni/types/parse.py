@@ -6,10 +6,9 @@ it returns a model or raises :class:`~pycni.errors.ResultError`, never anything 
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Any
 
+from .. import _json
 from ..errors import ResultError
 from . import current, v020, v040
 from ._common import Invalid, kind, quote
@@ -24,43 +23,10 @@ _DECODE_FOR_VERSION = {
 }
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-# libcni first decodes the whole result into a map of float64s, so a number literal beyond
-# float64 range fails wherever it is, even under a key nobody reads.
-def _finite_float(literal: str) -> float:
-    value = float(literal)
-    if math.isinf(value):
-        raise ValueError(f"number {literal[:40]} out of range")
-    return value
-
-
-def _float64_int(literal: str) -> int:
-    if len(literal) > 300:  # shorter ones are always finite
-        _finite_float(literal)
-    return int(literal)
-
-
-_DECODER = json.JSONDecoder(parse_float=_finite_float, parse_int=_float64_int, parse_constant=_reject_constant)
-
-
 def _load(data: bytes | bytearray | memoryview | str) -> Any:
-    if isinstance(data, str):
-        text = data
-    else:
-        try:
-            text = bytes(data).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ResultError(f"failed to unmarshal raw result: invalid UTF-8 at byte {e.start}") from None
-    if not text.strip(" \t\r\n"):
-        raise ResultError("failed to unmarshal raw result: unexpected end of JSON input")
     try:
-        return _DECODER.decode(text)
-    except RecursionError:
-        raise ResultError("failed to unmarshal raw result: JSON nested too deeply") from None
-    except ValueError as e:
+        return _json.loads(data if isinstance(data, str) else bytes(data), float64_numbers=True)
+    except _json.JSONDecodeFailure as e:
         raise ResultError(f"failed to unmarshal raw result: {e}") from None
 
 

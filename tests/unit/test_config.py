@@ -78,7 +78,7 @@ class TestConflistParsing:
             config.conflist_from_file(str(path))
 
     def test_deep_nesting_is_an_error_not_a_crash(self):
-        with pytest.raises(ConfigError, match="nesting too deep"):
+        with pytest.raises(ConfigError, match="nested too deeply"):
             config.conflist_from_bytes("[" * 100000 + "]" * 100000)
 
     @pytest.mark.parametrize("value, expected", [(True, True), ("TRUE", True), ("false", False), (False, False)])
