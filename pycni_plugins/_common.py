@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from pycni import netns
+from pycni._json import go_kind
 from pycni.errors import CNIError, ErrorCode
 from pycni.plugin import PluginRequest
 from pycni.types import Result, convert, parse_result
@@ -64,7 +65,7 @@ class Fields:
         if value is None:
             return default
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
-            raise self.error(f"json: cannot unmarshal {_kind(value)} into Go struct field .{key} of type {go}")
+            raise self.error(f"json: cannot unmarshal {go_kind(value)} into Go struct field .{key} of type {go}")
         return value
 
     def flag(self, key: str, default: bool = False, source: Mapping[str, Any] | None = None) -> bool:
@@ -81,18 +82,6 @@ class Fields:
 
     def array(self, key: str, source: Mapping[str, Any] | None = None) -> list[Any]:
         return self._typed(key, (list,), "array", [], source)
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    return "object"
 
 
 def _as_current(data: Any, version: str) -> Result:

@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 
 from pycni import version as _version
+from pycni._json import go_kind
 from pycni.errors import CNIError, ConfigError, ErrorCode
 from pycni.plugin import Plugin, PluginRequest
 
@@ -85,18 +86,8 @@ def _os_fail(op: str, path: str, exc: OSError) -> CNIError:
     return _fail(f"{op} {path}: {_strerror(exc)}")
 
 
-def _json_kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
-
-
 def _type_error(value: Any, field: str, go_type: str) -> ConfigError:
-    return _config_fail(f"json: cannot unmarshal {_json_kind(value)} into Go struct field {field} of type {go_type}")
+    return _config_fail(f"json: cannot unmarshal {go_kind(value)} into Go struct field {field} of type {go_type}")
 
 
 # ---------------------------------------------------------------------------------------------
