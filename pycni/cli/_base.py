@@ -8,7 +8,7 @@ import click
 
 from ..errors import CNIError
 
-__all__ = ["CNIFailure", "Group"]
+__all__ = ["CNIFailure", "Group", "backend_option", "cache_dir_option", "plugin_path_option"]
 
 
 class CNIFailure(click.ClickException):
@@ -32,3 +32,35 @@ class Group(click.Group):
             return super().invoke(ctx)
         except CNIError as e:
             raise CNIFailure(e) from None
+
+
+def backend_option() -> Any:
+    return click.option(
+        "--backend",
+        type=click.Choice(["exec", "inprocess", "auto"]),
+        envvar="PYCNI_BACKEND",
+        default="auto",
+        show_default=True,
+        help="How plugins run: exec'd, in-process, or in-process where built in [$PYCNI_BACKEND].",
+    )
+
+
+def cache_dir_option() -> Any:
+    return click.option(
+        "--cache-dir",
+        envvar="PYCNI_CACHE_DIR",
+        default="/var/lib/cni",
+        show_default=True,
+        help="Results cache root [$PYCNI_CACHE_DIR].",
+    )
+
+
+def plugin_path_option(default: str = "", name: str = "--plugin-path") -> Any:
+    return click.option(
+        name,
+        "plugin_path",
+        envvar="CNI_PATH",
+        default=default,
+        show_default=bool(default),
+        help="Plugin dirs for exec'd plugins, ':'-separated [$CNI_PATH].",
+    )

@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import click
 
+from ._base import backend_option, plugin_path_option
+
 T = TypeVar("T")
 HOST_PORT = 8080
 CONTAINER_PORT = 80
@@ -86,21 +88,8 @@ def _describe(result: Any) -> str:
 
 
 @click.command()
-@click.option(
-    "--backend",
-    type=click.Choice(["exec", "inprocess", "auto"]),
-    envvar="PYCNI_BACKEND",
-    default="auto",
-    show_default=True,
-    help="How plugins run.",
-)
-@click.option(
-    "--plugin-path",
-    envvar="CNI_PATH",
-    default="/opt/cni/bin:/usr/lib/cni",
-    show_default=True,
-    help="Plugin dirs for exec'd plugins.",
-)
+@backend_option()
+@plugin_path_option("/opt/cni/bin:/usr/lib/cni")
 @click.option("--json", "as_json", is_flag=True, help="Also print each ADD result as JSON.")
 def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     """Run the embedded default network over two throwaway containers and prove it works."""

@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from ._base import Group
+from ._base import Group, backend_option, cache_dir_option, plugin_path_option
 
 if TYPE_CHECKING:
     from ..nomad.models import Allocation, Node
@@ -131,27 +131,9 @@ def _run_options(fn: Any) -> Any:
         click.option("--subnet", default="172.26.64.0/20", show_default=True, help="Embedded bridge: IPv4 subnet."),
         click.option("--subnet-ipv6", default="", help="Embedded bridge: IPv6 subnet."),
         click.option("--hairpin", is_flag=True, help="Embedded bridge: hairpin mode."),
-        click.option(
-            "--cni-path",
-            envvar="CNI_PATH",
-            default="/opt/cni/bin:/usr/lib/cni",
-            show_default=True,
-            help="Plugin dirs for exec'd plugins [$CNI_PATH].",
-        ),
-        click.option(
-            "--backend",
-            type=click.Choice(["exec", "inprocess", "auto"]),
-            default="auto",
-            show_default=True,
-            help="How plugins run (auto: in-process where built in).",
-        ),
-        click.option(
-            "--cache-dir",
-            envvar="PYCNI_CACHE_DIR",
-            default="/var/lib/cni",
-            show_default=True,
-            help="Results cache root [$PYCNI_CACHE_DIR].",
-        ),
+        plugin_path_option("/opt/cni/bin:/usr/lib/cni", "--cni-path"),
+        backend_option(),
+        cache_dir_option(),
         click.option("--host-netns", default=None, help="Run the plugins in this network namespace (a path)."),
     ]
     for option in reversed(options):
@@ -173,7 +155,7 @@ def _configurator(opts: dict[str, Any], alloc: Allocation) -> Any:
     if not cni_mode:
         validate_subnets(opts["subnet"], opts["subnet_ipv6"])
     client = make_client(
-        opts["cni_path"], cache_dir=opts["cache_dir"], backend=opts["backend"], host_netns=opts["host_netns"]
+        opts["plugin_path"], cache_dir=opts["cache_dir"], backend=opts["backend"], host_netns=opts["host_netns"]
     )
     cleanup = functools.partial(force_cleanup, host_netns=opts["host_netns"], own_state=_own_state())
     node = _node(opts.pop("node_file"))

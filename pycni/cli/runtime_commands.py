@@ -17,6 +17,7 @@ import click
 from .. import _json, config
 from ..errors import CNIError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
 from ..plugin import parse_cni_args
+from ._base import backend_option, cache_dir_option, plugin_path_option
 
 __all__ = ["COMMANDS", "container_id_for", "load_network", "embedded_network", "DEFAULT_NETWORK"]
 
@@ -92,7 +93,7 @@ def _common(fn):
             show_default=True,
             help="Network configuration directory [$NETCONFPATH].",
         ),
-        click.option("--plugin-path", envvar="CNI_PATH", default="", help="Plugin dirs, ':'-separated [$CNI_PATH]."),
+        plugin_path_option(),
         click.option(
             "--ifname",
             "-i",
@@ -104,13 +105,7 @@ def _common(fn):
         click.option("--container-id", default="", help="Container ID (default: derived from NETNS like cnitool)."),
         click.option("--args", envvar="CNI_ARGS", default="", help="CNI_ARGS, K=V;K2=V2 [$CNI_ARGS]."),
         click.option("--cap-args", envvar="CAP_ARGS", default="", help="Capability args, a JSON object [$CAP_ARGS]."),
-        click.option(
-            "--cache-dir",
-            envvar="PYCNI_CACHE_DIR",
-            default="/var/lib/cni",
-            show_default=True,
-            help="Results cache root [$PYCNI_CACHE_DIR].",
-        ),
+        cache_dir_option(),
         click.option(
             "--timeout",
             type=float,
@@ -118,14 +113,7 @@ def _common(fn):
             default=None,
             help="Seconds per exec'd plugin call [$PYCNI_TIMEOUT].",
         ),
-        click.option(
-            "--backend",
-            type=click.Choice(["exec", "inprocess", "auto"]),
-            envvar="PYCNI_BACKEND",
-            default="auto",
-            show_default=True,
-            help="How plugins run [$PYCNI_BACKEND].",
-        ),
+        backend_option(),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -261,8 +249,8 @@ def conf_show(name: str, conf_dir: str) -> None:
 @click.option(
     "--plugins", "check_plugins", is_flag=True, help="Also check each plugin exists and supports the version."
 )
-@click.option("--plugin-path", envvar="CNI_PATH", default="", help="Plugin dirs [$CNI_PATH].")
-@click.option("--backend", type=click.Choice(["exec", "inprocess", "auto"]), envvar="PYCNI_BACKEND", default="auto")
+@plugin_path_option()
+@backend_option()
 def conf_validate(path: str, check_plugins: bool, plugin_path: str, backend: str) -> None:
     """Parse PATH (.conflist, or a single .conf/.json); print its summary."""
     if path.endswith(".conflist"):
