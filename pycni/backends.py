@@ -38,6 +38,8 @@ class Backend(Protocol):
 
     def is_builtin(self, plugin_type: str) -> bool: ...
 
+    def validate(self, plugin_type: str, request: PluginRequest) -> None: ...
+
 
 class ExecBackend:
     """Exec ``<CNI_PATH dir>/<type>`` per call (libcni's behaviour)."""
@@ -58,6 +60,9 @@ class ExecBackend:
 
     def is_builtin(self, plugin_type: str) -> bool:
         return False
+
+    def validate(self, plugin_type: str, request: PluginRequest) -> None:
+        """An exec'd plugin has no way to check a config without acting on it."""
 
 
 class InProcessBackend:
@@ -102,6 +107,12 @@ class InProcessBackend:
     def is_builtin(self, plugin_type: str) -> bool:
         return bool(plugin_type) and builtin_plugin(plugin_type) is not None
 
+    def validate(self, plugin_type: str, request: PluginRequest) -> None:
+        try:
+            self._plugin(plugin_type).validate(request)
+        except CNIError as e:
+            raise PluginError(e.msg, e.details, code=e.code, plugin=plugin_type) from e
+
 
 class AutoBackend:
     """In-process where a built-in plugin of the type exists, else exec."""
@@ -126,6 +137,9 @@ class AutoBackend:
 
     def is_builtin(self, plugin_type: str) -> bool:
         return self._inprocess.is_builtin(plugin_type)
+
+    def validate(self, plugin_type: str, request: PluginRequest) -> None:
+        self._pick(plugin_type).validate(plugin_type, request)
 
 
 def select_backend(name: str | None = None, *, timeout: float | None = None) -> Backend:

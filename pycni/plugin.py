@@ -9,6 +9,7 @@ point group, keyed by CNI type.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Any
@@ -160,6 +161,14 @@ class Plugin:
     def status(self, request: PluginRequest) -> None:
         return None
 
+    def validate(self, request: PluginRequest) -> None:
+        """Refuse a config (and its runtimeConfig/args) that ADD would refuse, changing nothing.
+
+        The runtime calls this for every built-in plugin of a chain before the first ADD runs,
+        so a bad value in the third plugin fails before the first has touched the kernel.
+        """
+        return None
+
     def version_info(self) -> dict[str, Any]:
         return {"cniVersion": _version.CURRENT, "supportedVersions": list(self.supported_versions)}
 
@@ -177,6 +186,13 @@ class Plugin:
                 f'config is "{version}", plugin supports {list(self.supported_versions)}',
                 code=ErrorCode.INCOMPATIBLE_CNI_VERSION,
             )
+        if cmd in ("ADD", "CHECK", "DEL") and request.netns and _is_own_netns(request.netns):
+            # Checked before anything changes: the caller's own namespace as the container's
+            # would put "eth0", its address and a default route on the host (Go's skel only
+            # notices afterwards). CNI_NETNS_OVERRIDE=1 is skel's documented escape hatch.
+            raise CNIError(
+                "plugin's netns and netns from CNI_NETNS should not be the same", code=ErrorCode.INVALID_NETNS
+            )
         if cmd == "ADD":
             return self.add(request)
         if cmd == "DEL":
@@ -192,6 +208,16 @@ class Plugin:
         if not _version.supports_status(version):
             raise CNIError("config version does not allow STATUS", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
         return self.status(request)
+
+
+def _is_own_netns(path: str) -> bool:
+    if os.environ.get("CNI_NETNS_OVERRIDE") == "1":
+        return False
+    try:
+        a, b = os.stat(path), os.stat("/proc/thread-self/ns/net")
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 @cache

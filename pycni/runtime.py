@@ -129,6 +129,7 @@ class Runtime:
         """
         with self.cache.network_lock(net.name, exclusive=False), self.cache.container_lock(rt.container_id):
             self.cache.ensure_writable()
+            self._preflight(net, rt)
             prev: AnyResult | None = None
             for index, plugin in enumerate(net.plugins):
                 failpoint("runtime.add.before-plugin")
@@ -148,13 +149,26 @@ class Runtime:
                 raise
             return prev
 
+    def _preflight(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
+        """libcni's per-plugin checks (look-up, then container ID, network name, ifname), done for
+        the whole chain before any plugin runs, plus each built-in plugin's own config check, so
+        a missing fourth plugin or a bad value in the third fails before the first has changed
+        anything (libcni would find out half-way)."""
+        for plugin in net.plugins:
+            try:
+                self.backend.find(plugin.type, self.path)
+                validate_container_id(rt.container_id)
+                validate_network_name(net.name)
+                validate_ifname(rt.ifname)
+                if self.backend.is_builtin(plugin.type):
+                    config = self._config(net, plugin, capability_args=rt.capability_args)
+                    self.backend.validate(plugin.type, build_request("ADD", config, rt, self.path))
+            except CNIError as e:
+                raise e.with_context(_describe(plugin, "add")) from e
+
     def _add_one(
         self, net: NetworkConfigList, plugin: NetworkConfig, rt: RuntimeConf, prev: AnyResult | None
     ) -> AnyResult:
-        self.backend.find(plugin.type, self.path)
-        validate_container_id(rt.container_id)
-        validate_network_name(net.name)
-        validate_ifname(rt.ifname)
         config = self._config(
             net, plugin, prev_result=None if prev is None else prev.to_json(), capability_args=rt.capability_args
         )
@@ -440,6 +454,8 @@ class Runtime:
         """ADD one plugin config (its own ``name``/``cniVersion``); caches the plugin's bytes."""
         net = conflist_from_conf(conf)
         with self.cache.network_lock(net.name, exclusive=False), self.cache.container_lock(rt.container_id):
+            self.cache.ensure_writable()
+            self._preflight(net, rt)
             try:
                 result = self._add_one(net, net.plugins[0], rt, None)
             except CNIError as e:

@@ -657,6 +657,11 @@ class ConsulTproxyPlugin(Plugin):
 
     type = "consul-cni"
 
+    def validate(self, request: PluginRequest) -> None:
+        _require_netns(request)
+        _check_conf(request.config)
+        ruleset(decode_config(_raw_config(request)))
+
     def add(self, request: PluginRequest) -> dict[str, Any]:
         # consul-cni's order: config, args, pod check, prevResult, the tproxy JSON, Setup.
         _require_netns(request)

@@ -1053,6 +1053,9 @@ class HostLocalPlugin(Plugin):
 
     type = "host-local"
 
+    def validate(self, request: PluginRequest) -> None:
+        load_config(request)
+
     def add(self, request: PluginRequest) -> dict[str, Any]:
         conf = load_config(request)
         dns = parse_resolv_conf(conf.resolv_conf) if conf.resolv_conf else {}

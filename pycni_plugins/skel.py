@@ -9,8 +9,8 @@ uses, so both paths are one code path inside the plugin. Output as Go's skel pri
 * VERSION: compact JSON and a newline;
 * an error: ``{"code", "msg", "details"?}`` indented on stdout, exit status 1. Env checks and
   codes: missing variables (4), container ID (3 missing, 4 invalid), network name (7),
-  interface name (4), undecodable config (6), unknown command (4), and, after a successful
-  ADD or DEL, the plugin's own netns passed as ``CNI_NETNS`` (unless ``CNI_NETNS_OVERRIDE=1``).
+  interface name (4), undecodable config (6), unknown command (4); the plugin's own netns passed
+  as ``CNI_NETNS`` is refused before anything changes (:meth:`pycni.plugin.Plugin.handle`).
 
 Usage: ``python -m pycni_plugins.skel <type>`` or :func:`main` from a generated script
 (:mod:`.install`).
@@ -105,26 +105,11 @@ def _request(env: Mapping[str, str], stdin: bytes) -> PluginRequest:
     )
 
 
-def _same_netns(path: str) -> bool:
-    try:
-        a, b = os.stat(path), os.stat("/proc/self/ns/net")
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
 def run(plugin: Plugin, env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
     """One exec'd invocation: returns the exit status (0 or 1) after printing to ``stdout``."""
     try:
         request = _request(env, stdin)
         out = plugin.handle(request)
-        if (
-            request.command in ("ADD", "DEL")
-            and request.netns
-            and env.get("CNI_NETNS_OVERRIDE") != "1"
-            and _same_netns(request.netns)
-        ):
-            raise _error("plugin's netns and netns from CNI_NETNS should not be the same", ErrorCode.INTERNAL)
         if request.command == "VERSION":
             stdout.write(json.dumps(out, separators=(",", ":")) + "\n")
         elif out is not None:
