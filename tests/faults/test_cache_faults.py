@@ -87,9 +87,26 @@ def test_read_only_cache_dir(setup, fake_plugins, tmp_path):
     conflist = fake_plugins.conflist(fake_plugins.plugin("fake-a"), fake_plugins.plugin("fake-b")).decode()
     shell = 'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
     proc = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", shell, "sh", cache,
-         sys.executable, "-c", READ_ONLY_SCRIPT, str(fake_plugins.dir), cache, conflist],
-        capture_output=True, text=True, timeout=60,
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            shell,
+            "sh",
+            cache,
+            sys.executable,
+            "-c",
+            READ_ONLY_SCRIPT,
+            str(fake_plugins.dir),
+            cache,
+            conflist,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
