@@ -5,8 +5,9 @@ error texts follow containernetworking/plugins v1.9.1. Where pycni differs, on p
 
 * the container end of the veth is created directly in the container namespace by one
   RTM_NEWLINK sent from the host side, already enslaved and UP on the host side;
-* the host veth gets an explicit random MAC, so udev's ``MACAddressPolicy=persistent`` leaves
-  it alone (the reference's #805: a MAC changing after ADD made CHECK fail);
+* both veth ends get an explicit random MAC (unless one is requested for the container): udev's
+  ``MACAddressPolicy=persistent`` leaves the host end alone (the reference's #805: a MAC
+  changing after ADD made CHECK fail), and the result needs no read-back of the container end;
 * an IPv6 gateway address is added to the bridge with ``IFA_F_NODAD``: the bridge owns it, so
   it is usable at once instead of ~1 s later when DAD would finish;
 * ``ipMasq`` uses pycni's nftables table whatever ``ipMasqBackend`` says, and DEL removes the
@@ -15,7 +16,9 @@ error texts follow containernetworking/plugins v1.9.1. Where pycni differs, on p
 * DEL returns as soon as the kernel has unlisted the container interface
   (:func:`~.kernel.links.delete_link`);
 * ``isGateway`` together with ``vlan`` (the reference's ``<bridge>.<vlan>`` gateway veth) is
-  refused as unsupported.
+  refused as unsupported (untested: no kernel here has 802.1Q and bridge VLAN filtering);
+  ``vlan``/``vlanTrunk`` on a kernel without VLAN filtering fail with a clear error and leave
+  nothing behind (a new bridge is not created; the veth pair is rolled back).
 """
 
 from __future__ import annotations
@@ -154,18 +157,23 @@ def _quiet_sysctl(name: str, value: int) -> None:
         sysctl.write(name, value)
 
 
-def _configure_container(ifname: str, ips: tuple[IPConfig, ...], routes: tuple[Route, ...], enable_dad: bool) -> str:
-    """Sysctls, addresses, link up and routes on the container end; returns its MAC."""
+def _container_index(ifname: str) -> int:
+    index = links.ifindex(ifname)
+    if index is None:
+        raise fail(f'failed to lookup "{ifname}": Link not found')
+    return index
+
+
+def _configure_container(ifname: str, ips: tuple[IPConfig, ...], routes: tuple[Route, ...], enable_dad: bool) -> None:
+    """Sysctls, addresses, link up and routes on the container end."""
+    index = _container_index(ifname)
+    if enable_dad:
+        _quiet_sysctl(f"net/ipv6/conf/{ifname}/enhanced_dad", 1)
+        _quiet_sysctl(f"net/ipv6/conf/{ifname}/accept_dad", 1)
+    else:
+        _quiet_sysctl(f"net/ipv6/conf/{ifname}/accept_dad", 0)
+    _quiet_sysctl(f"net/ipv4/conf/{ifname}/arp_notify", 1)
     with links.iproute() as ipr:
-        link = links.get_link(ipr, ifname)
-        if link is None:
-            raise fail(f'failed to lookup "{ifname}": Link not found')
-        if enable_dad:
-            _quiet_sysctl(f"net/ipv6/conf/{ifname}/enhanced_dad", 1)
-            _quiet_sysctl(f"net/ipv6/conf/{ifname}/accept_dad", 1)
-        else:
-            _quiet_sysctl(f"net/ipv6/conf/{ifname}/accept_dad", 0)
-        _quiet_sysctl(f"net/ipv4/conf/{ifname}/arp_notify", 1)
         gateways: dict[int, str] = {}
         has_v6 = False
         for ip in ips:
@@ -183,50 +191,32 @@ def _configure_container(ifname: str, ips: tuple[IPConfig, ...], routes: tuple[R
             if ip.gateway is not None:
                 gateways.setdefault(ip.address.version, str(ip.gateway))
             try:
-                links.add_address(ipr, link.index, ip.address)
+                links.add_address(ipr, index, ip.address)
             except links.LinkError as e:
                 raise fail(f"failed to add IP addr {ip.address} to {ifname}: {e.strerror}") from e
         try:
-            links.set_up(ipr, link.index)
+            links.set_up(ipr, index)
         except links.LinkError as e:
             raise fail(f'failed to set "{ifname}" UP: {e.strerror}') from e
         if 6 in gateways:
             try:
-                links.wait_dad(ipr, link.index)
+                links.wait_dad(ipr, index)
             except links.LinkError as e:
                 raise fail(f"failed while waiting for addresses to settle: {e.strerror}") from e
         for route in routes:
             gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
             try:
                 links.add_route(
-                    ipr,
-                    link.index,
-                    route.dst.network,
-                    gw,
-                    priority=route.priority,
-                    table=route.table,
-                    scope=route.scope,
+                    ipr, index, route.dst.network, gw, priority=route.priority, table=route.table, scope=route.scope
                 )
             except links.LinkError as e:
                 raise fail(f"failed to add route '{route.dst.network} via {gw} dev {ifname}': {e.strerror}") from e
-        return link.mac
 
 
-def _container_up(ifname: str) -> str:
+def _container_up(ifname: str) -> None:
+    index = _container_index(ifname)
     with links.iproute() as ipr:
-        link = links.get_link(ipr, ifname)
-        if link is None:
-            raise fail(f'failed to lookup "{ifname}": Link not found')
-        links.set_up(ipr, link.index)
-        return link.mac
-
-
-def _container_mac(ifname: str) -> str:
-    with links.iproute() as ipr:
-        link = links.get_link(ipr, ifname)
-        if link is None:
-            raise fail(f'failed to lookup "{ifname}": Link not found')
-        return link.mac
+        links.set_up(ipr, index)
 
 
 # --- gateway computation ------------------------------------------------------------------------
@@ -316,7 +306,10 @@ class BridgePlugin(Plugin):
         _quiet_sysctl(f"net/ipv6/conf/{conf.bridge}/accept_ra", 0)
         if not br.up:
             links.set_up(ipr, br.index)
-        host_name, host_mac = self._add_veth(request, conf, ipr, fd, br)
+        # Both ends get their MAC here: the result needs no read-back, and udev's
+        # MACAddressPolicy=persistent leaves an explicitly set host-side MAC alone.
+        container_mac = conf.mac or links.random_mac()
+        host_name, host_mac = self._add_veth(request, conf, ipr, fd, br, container_mac)
         undo.append(lambda: links.delete_link(host_name))
         _quiet_sysctl(f"net/ipv6/conf/{host_name}/accept_ra", 0)
         try:
@@ -326,18 +319,13 @@ class BridgePlugin(Plugin):
         att = attachment(request)
         if conf.macspoofchk:
             undo.append(lambda: nft.release("spoofchk", att))
-            peer_mac = conf.mac or netns.run_in(fd, _container_mac, request.ifname)
-            nft.apply("spoofchk", att, layout.spoofchk_elements(host_name, peer_mac), (layout.SPOOFCHK,))
-        container = Interface(request.ifname, "", sandbox=request.netns)
+            nft.apply("spoofchk", att, layout.spoofchk_elements(host_name, container_mac), (layout.SPOOFCHK,))
+        container = Interface(request.ifname, container_mac, sandbox=request.netns)
         result = Result("1.1.0", [Interface(br.name, br.mac), Interface(host_name, host_mac), container])
         if conf.ipam_type:
             result = self._add_l3(request, conf, ipr, fd, br, result, undo)
         elif not conf.disable_container_interface:
-            mac = netns.run_in(fd, _container_up, request.ifname)
-            result = attrs.evolve(result, interfaces=[*result.interfaces[:2], attrs.evolve(container, mac=mac)])
-        else:
-            mac = netns.run_in(fd, _container_mac, request.ifname)
-            result = attrs.evolve(result, interfaces=[*result.interfaces[:2], attrs.evolve(container, mac=mac)])
+            netns.run_in(fd, _container_up, request.ifname)
         if not conf.disable_container_interface:
             state = links.wait_oper_up(ipr, host_name)
             if state != "UP":
@@ -349,7 +337,7 @@ class BridgePlugin(Plugin):
         return result
 
     def _add_veth(
-        self, request: PluginRequest, conf: BridgeConfig, ipr: Any, fd: int, br: links.Link
+        self, request: PluginRequest, conf: BridgeConfig, ipr: Any, fd: int, br: links.Link, container_mac: str
     ) -> tuple[str, str]:
         host_mac = links.random_mac()
         for _ in range(VETH_RETRIES):
@@ -361,7 +349,7 @@ class BridgePlugin(Plugin):
                     host_mac,
                     peer_name=request.ifname,
                     peer_netns_fd=fd,
-                    peer_mac=conf.mac or None,
+                    peer_mac=container_mac,
                     mtu=conf.mtu,
                     master=br.index,
                 )
@@ -369,7 +357,7 @@ class BridgePlugin(Plugin):
             except links.LinkError as e:
                 if e.errno != errno.EEXIST:
                     raise fail(f"failed to make veth pair: {e.strerror}") from e
-                if links.get_link(ipr, host_name) is None:
+                if links.ifindex(host_name) is None:
                     raise fail(
                         f'container veth name ("{request.ifname}") peer provided ("{host_name}") already exists'
                     ) from e
@@ -378,10 +366,9 @@ class BridgePlugin(Plugin):
     def _setup_port(self, ipr: Any, conf: BridgeConfig, name: str) -> None:
         if not (conf.hairpin or conf.port_isolation or conf.vlan or conf.vlan_trunk):
             return
-        link = links.get_link(ipr, name)
-        if link is None:
+        index = links.ifindex(name)
+        if index is None:
             raise links.LinkError(errno.ENODEV, f"{name}: Link not found")
-        index = link.index
         links.set_brport(ipr, index, hairpin=conf.hairpin, isolated=conf.port_isolation)
         if conf.vlan or conf.vlan_trunk:
             pvid = conf.vlan or (1 if conf.vlan_trunk else 0)
@@ -403,7 +390,7 @@ class BridgePlugin(Plugin):
         if not ipam.ips:
             raise fail("IPAM plugin returned missing IP config")
         ips, routes, bridge_addrs = _gateways(conf, ipam)
-        mac = netns.run_in(fd, _configure_container, request.ifname, ips, routes, conf.enable_dad)
+        netns.run_in(fd, _configure_container, request.ifname, ips, routes, conf.enable_dad)
         if bridge_addrs:
             for addr in bridge_addrs:
                 _ensure_gateway_addr(ipr, br, addr, conf.force_address)
@@ -423,10 +410,8 @@ class BridgePlugin(Plugin):
                 nft.apply("masq", att, [layout.masq_element(ip.address) for ip in ips], sections)
             except nft.NftError as e:
                 raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
-        interfaces = list(result.interfaces)
-        interfaces[2] = attrs.evolve(interfaces[2], mac=mac)
         dns = conf.dns if conf.dns is not None else ipam.dns
-        return attrs.evolve(result, interfaces=interfaces, ips=ips, routes=routes, dns=dns)
+        return attrs.evolve(result, ips=ips, routes=routes, dns=dns)
 
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)

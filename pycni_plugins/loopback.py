@@ -7,7 +7,6 @@ passed, which is returned converted to the config's version.
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 from pycni import netns
@@ -22,29 +21,22 @@ __all__ = ["LoopbackPlugin"]
 
 def _lo_up() -> list[Any]:
     with links.iproute() as ipr:
-        lo = links.get_link(ipr, "lo")
-        if lo is None:
-            raise fail("failed to find loopback interface")
-        links.set_up(ipr, lo.index)
-        found = []
-        for family in (socket.AF_INET, socket.AF_INET6):
-            for addr, _ in links.addresses(ipr, lo.index, family):
-                if not addr.ip.is_loopback:
-                    raise fail(f'loopback interface found with non-loopback address "{addr.ip}"')
-                found.append(addr)
-        return found
+        links.set_up(ipr, links.LOOPBACK_INDEX)
+        found = [addr for addr, _ in links.addresses(ipr, links.LOOPBACK_INDEX)]
+    for addr in found:
+        if not addr.ip.is_loopback:
+            raise fail(f'loopback interface found with non-loopback address "{addr.ip}"')
+    return found
 
 
 def _lo_down() -> None:
     with links.iproute() as ipr:
-        lo = links.get_link(ipr, "lo")
-        if lo is not None:
-            links.set_down(ipr, lo.index)
+        links.set_down(ipr, links.LOOPBACK_INDEX)
 
 
 def _lo_is_up() -> bool:
     with links.iproute() as ipr:
-        lo = links.get_link(ipr, "lo")
+        lo = links.get_link(ipr, index=links.LOOPBACK_INDEX)
         return lo is not None and lo.up
 
 

@@ -16,13 +16,18 @@ default true; ``masqAll``), with these differences, all deliberate:
   reference's legacy backend, not its nftables one, which only covers the container itself);
 * ``backend`` is accepted and served by nftables; ``markMasqBit`` is validated and otherwise
   unused; ``externalSetMarkChain`` and ``conditionsV4``/``conditionsV6`` are refused (code 2);
-* stale UDP conntrack entries for a newly published port are not flushed.
+* a mapping without ``protocol`` is TCP (the reference hands the empty string to iptables,
+  which refuses it: ``unable to setup DNAT: ... unknown protocol ""``).
+
+As the reference does, ADD then deletes the conntrack entries of UDP flows to a newly published
+host port (per family; a failure is only logged), so that their next packets get DNAT'd.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -34,7 +39,7 @@ from pycni.plugin import Plugin, PluginRequest
 from pycni.types import Result
 
 from ._common import Fields, attachment, emit, fail, prev_result
-from .kernel import layout, links, nft, sysctl
+from .kernel import layout, nft, sysctl
 
 __all__ = ["PortMapping", "PortmapPlugin", "parse_mappings"]
 
@@ -43,6 +48,7 @@ IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 PROTOCOLS = ("tcp", "udp", "sctp")
 _OWNER = "portmap"
 _NOT_CHAINED = "must be called as chained plugin"
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -150,12 +156,29 @@ def _elements(
 def _route_localnet(addr: IPInterface) -> None:
     """``route_localnet=1`` on the host interface that routes to the container, so that a
     connection to 127.0.0.1:<hostPort> may leave with its (then masqueraded) loopback source."""
+    from .kernel import links  # pyroute2 (~150 ms to import) only where netlink is needed
+
     with links.iproute() as ipr:
         oif = links.route_oif(ipr, str(addr.ip))
     if oif is None:
         return
     with contextlib.suppress(OSError):
         sysctl.ensure(f"net/ipv4/conf/{socket.if_indextoname(oif)}/route_localnet", 1)
+
+
+def _flush_udp(mappings: list[PortMapping], addrs: list[IPInterface]) -> None:
+    """Forget UDP flows that reached a newly published host port before its DNAT existed."""
+    udp = [m for m in mappings if m.protocol == "udp"]
+    wanted = sorted({(a.version, m.host_port) for a in addrs for m in udp if m.host_ip_family in (0, a.version)})
+    if not wanted:
+        return
+    from .kernel import conntrack  # pyroute2 (~150 ms to import) only where netlink is needed
+
+    for version, port in wanted:
+        try:
+            conntrack.flush_udp_dport(version, port)
+        except Exception as e:  # as the reference: the DNAT is in place, a stale flow only lingers
+            log.warning("failed to delete stale UDP conntrack entries for port %d: %s", port, e)
 
 
 def _conflict(elements: list[nft.Element], att: nft.Attachment) -> CNIError:
@@ -195,6 +218,7 @@ class PortmapPlugin(Plugin):
             raise _conflict(elements, att) from e
         except nft.NftError as e:
             raise fail(f"failed to publish host ports: {e.msg}", e.details) from e
+        _flush_udp(mappings, addrs)
         if snat and not masq_all:
             for addr in addrs:
                 if addr.version == 4:

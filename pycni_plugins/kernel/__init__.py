@@ -1,8 +1,9 @@
 """Kernel helpers shared by the in-process plugins.
 
-- :mod:`.links`  — links, addresses and routes over raw rtnetlink (no pyroute2 import on the
-  plugin path: it alone costs ~130 ms), and a link delete that returns as soon as the kernel
-  has unlisted the device;
+- :mod:`.links`  — links, addresses and routes through pyroute2 (imported with it: ~130 ms, so
+  plugins that need netlink only sometimes import it lazily), and a link delete that returns as
+  soon as the kernel has unlisted the device;
+- :mod:`.conntrack` — conntrack entries through pyroute2 (portmap's stale UDP flows);
 - :mod:`.sysctl` — ``/proc/sys`` reads and writes in the calling thread's namespace;
 - :mod:`.nft`    — the one nftables transaction builder, pycni's table, per-attachment records;
 - :mod:`.state`  — the private state dir those records live in;

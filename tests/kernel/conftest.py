@@ -141,6 +141,14 @@ def _links_in(path: str | None = None) -> dict[str, Any]:
     return netns.run_in(path, body)
 
 
+def _join_delete_helpers() -> None:
+    """Wait for :func:`~pycni_plugins.kernel.links.delete_link`'s helper threads to end."""
+    helpers = [t for t in threading.enumerate() if t.name.startswith("dellink:")]
+    for helper in helpers:
+        helper.join(10)
+    assert not any(t.is_alive() for t in helpers)
+
+
 def _sysctl_in(path: str | None, name: str) -> str:
     from pycni_plugins.kernel import sysctl
 
@@ -157,6 +165,7 @@ class Kit:
     tcp_get = staticmethod(_tcp_get)
     links_in = staticmethod(_links_in)
     sysctl_in = staticmethod(_sysctl_in)
+    join_delete_helpers = staticmethod(_join_delete_helpers)
 
 
 @pytest.fixture

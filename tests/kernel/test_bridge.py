@@ -6,7 +6,9 @@ import concurrent.futures
 import ipaddress
 import json
 import os
+import re
 import subprocess
+import threading
 
 import pytest
 
@@ -88,6 +90,25 @@ def test_del_is_idempotent_and_releases_everything(host, make_netns, kit, tmp_pa
     assert [n for n in kit.links_in(host.path) if n.startswith("veth")] == []
     assert _leases(tmp_path) == []
     assert all(not v for k, v in kit.nft_elements().items() if k.startswith("masq"))
+
+
+def test_del_returns_with_the_link_gone_and_leaves_no_thread_or_socket(host, make_netns, kit, tmp_path):
+    conf = kit.bridge_conf(tmp_path, V4)
+    plugin = BridgePlugin()
+    warm = make_netns("c")  # a first cycle creates what lives as long as the process (caches)
+    plugin.handle(kit.request("ADD", conf, "warm", warm.path))
+    plugin.handle(kit.request("DEL", conf, "warm", warm.path))
+    ctr = make_netns("c")
+    veth = plugin.handle(kit.request("ADD", conf, "c1", ctr.path))["interfaces"][1]["name"]
+    kit.join_delete_helpers()  # earlier tests' (and the warm-up's) helpers may still be finishing
+    fds, threads = sorted(os.listdir("/proc/self/fd")), set(threading.enumerate())
+    plugin.handle(kit.request("DEL", conf, "c1", ctr.path))
+    # Unlisted when DEL returns (the kernel may still be finishing the delete in the helper).
+    assert "eth0" not in kit.links_in(ctr.path) and veth not in kit.links_in(None)
+    kit.join_delete_helpers()
+    assert set(threading.enumerate()) == threads
+    assert sorted(os.listdir("/proc/self/fd")) == fds
+    plugin.handle(kit.request("DEL", conf, "c1", ctr.path))  # nothing left to delete: fine
 
 
 @pytest.mark.parametrize("how", ["empty-netns", "gone-netns", "gone-link"])
@@ -346,21 +367,47 @@ def _vlan_filtering_supported(make_netns) -> bool:
     return netns.run_in(make_netns("probe").path, probe)
 
 
+VLAN_CONF = {
+    "cniVersion": "1.0.0",
+    "name": "v",
+    "type": "bridge",
+    "bridge": "pbr4",
+    "vlan": 100,
+    "vlanTrunk": [{"id": 200}, {"minID": 300, "maxID": 301}],
+}
+
+
 def test_vlan_and_trunk(host, make_netns, kit, tmp_path):
     if not _vlan_filtering_supported(make_netns):
-        pytest.skip("kernel without CONFIG_BRIDGE_VLAN_FILTERING")
+        pytest.skip("kernel without CONFIG_BRIDGE_VLAN_FILTERING (see the test below)")
     ctr = make_netns("c")
-    conf = {
-        "cniVersion": "1.0.0",
-        "name": "v",
-        "type": "bridge",
-        "bridge": "pbr4",
-        "vlan": 100,
-        "vlanTrunk": [{"id": 200}, {"minID": 300, "maxID": 301}],
-    }
-    out = BridgePlugin().handle(kit.request("ADD", conf, "c1", ctr.path))
+    out = BridgePlugin().handle(kit.request("ADD", VLAN_CONF, "c1", ctr.path))
     veth = out["interfaces"][1]["name"]
     vlans = subprocess.run(["bridge", "-n", host.name, "-j", "vlan", "show", "dev", veth], capture_output=True).stdout
     entries = {v["vlan"]: v.get("flags", []) for v in json.loads(vlans)[0]["vlans"]}
     assert set(entries) == {100, 200, 300, 301}
     assert set(entries[100]) == {"PVID", "Egress Untagged"}
+
+
+def test_vlan_without_kernel_support_fails_cleanly(host, make_netns, kit, tmp_path):
+    if _vlan_filtering_supported(make_netns):
+        pytest.skip("kernel with CONFIG_BRIDGE_VLAN_FILTERING (see the test above)")
+    from pycni_plugins.kernel import links
+
+    ctr = make_netns("c")
+    conf = {**VLAN_CONF, "ipam": {"type": "host-local", "dataDir": str(tmp_path / "ipam"), "subnet": "10.77.0.0/24"}}
+    before = set(kit.links_in(None))
+    unsupported = re.escape("VLAN filtering is not available in this kernel (CONFIG_BRIDGE_VLAN_FILTERING)")
+    with pytest.raises(CNIError, match=f'^failed to create bridge "pbr4": {unsupported}: Operation not supported$'):
+        BridgePlugin().handle(kit.request("ADD", conf, "c1", ctr.path))
+    assert set(kit.links_in(None)) == before and set(kit.links_in(ctr.path)) == {"lo"}
+    assert not (tmp_path / "ipam").exists() and kit.nft_elements() == {}
+
+    # A bridge that already exists (without VLAN filtering): the port's VLANs are refused and the
+    # veth pair is rolled back before IPAM runs.
+    with links.iproute() as ipr:
+        links.ensure_bridge(ipr, "pbr4")
+    with pytest.raises(CNIError, match=f'^failed to setup port "veth[0-9a-f]{{8}}" of bridge pbr4: {unsupported}'):
+        BridgePlugin().handle(kit.request("ADD", conf, "c1", ctr.path))
+    assert set(kit.links_in(None)) == before | {"pbr4"} and set(kit.links_in(ctr.path)) == {"lo"}
+    assert not (tmp_path / "ipam").exists() and kit.nft_elements() == {}

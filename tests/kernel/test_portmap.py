@@ -116,3 +116,46 @@ def test_rule_count_constant(attached, kit):
     rules = kit.nft_rule_count()
     plugin.handle(kit.request("ADD", _pm(rb, [{"hostPort": 8081, "containerPort": 80}]), "b", b.path))
     assert kit.nft_rule_count() == rules
+
+
+def _udp_conntrack(port: int) -> list:
+    """This namespace's conntrack entries of UDP flows to ``port``."""
+    import socket
+
+    from pyroute2 import Conntrack
+    from pyroute2.conntrack import NFCTAttrTuple
+
+    with Conntrack() as ct:
+        return list(ct.dump_entries(tuple_orig=NFCTAttrTuple(proto=socket.IPPROTO_UDP, dport=port)))
+
+
+def test_new_udp_host_port_flushes_stale_conntrack_entries(attached, kit):
+    import socket
+
+    from pycni import netns
+
+    _, [(a, ra), (b, rb)] = attached
+
+    def sender() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("0.0.0.0", 40000))  # one fixed source port: the same flow before and after
+        return s
+
+    def receiver() -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.bind(("0.0.0.0", 53))
+        s.settimeout(2)
+        return s
+
+    out, into = netns.run_in(b.path, sender), netns.run_in(a.path, receiver)
+    try:
+        out.sendto(b"early", ("10.77.0.1", 5353))  # nothing published yet: the host refuses it
+        assert len(_udp_conntrack(5353)) == 1  # ... and conntrack remembers the un-NATed flow
+        maps = [{"hostPort": 5353, "containerPort": 53, "protocol": "udp"}]
+        PortmapPlugin().handle(kit.request("ADD", _pm(ra, maps), "a", a.path))
+        assert _udp_conntrack(5353) == []
+        out.sendto(b"late", ("10.77.0.1", 5353))  # the same flow is new to conntrack: DNAT'd
+        assert into.recvfrom(64)[0] == b"late"
+    finally:
+        out.close()
+        into.close()
