@@ -181,6 +181,12 @@ class _Timed:
     def version_info(self, plugin_type: str, paths: Sequence[str]) -> Any:
         return self.inner.version_info(plugin_type, paths)
 
+    def is_builtin(self, plugin_type: str) -> bool:
+        return self.inner.is_builtin(plugin_type)
+
+    def validate(self, plugin_type: str, request: PluginRequest) -> None:
+        self.inner.validate(plugin_type, request)
+
     def run(self, plugin_type: str, request: PluginRequest) -> dict[str, Any] | None:
         start = time.perf_counter()
         try:
