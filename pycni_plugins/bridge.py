@@ -36,7 +36,8 @@ import attrs
 
 from pycni import netns
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import Plugin, PluginRequest, delegate
+from pycni.invoke import find_plugin
+from pycni.plugin import Plugin, PluginRequest, builtin_plugin, delegate
 from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from ._common import Fields, attachment, emit, fail, in_netns, ipam_result, netns_gone, prev_result
@@ -271,6 +272,16 @@ def _ensure_gateway_addr(ipr: Any, br: links.Link, addr: Any, force: bool) -> No
 class BridgePlugin(Plugin):
     type = "bridge"
 
+    def validate(self, request: PluginRequest) -> None:
+        conf = load_config(request)
+        if not conf.ipam_type:
+            return
+        ipam = builtin_plugin(conf.ipam_type)
+        if ipam is not None:
+            ipam.validate(request)
+        else:
+            find_plugin(conf.ipam_type, request.path)  # a missing IPAM binary fails before the bridge exists
+
     def add(self, request: PluginRequest) -> dict[str, Any]:
         conf = load_config(request)
         try:
@@ -296,7 +307,7 @@ class BridgePlugin(Plugin):
         self, request: PluginRequest, conf: BridgeConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]
     ) -> Result:
         try:
-            br, _ = links.ensure_bridge(
+            br, created = links.ensure_bridge(
                 ipr, conf.bridge, mtu=conf.mtu, vlan_filtering=bool(conf.vlan or conf.vlan_trunk)
             )
             if conf.promisc and not br.promisc:
@@ -330,7 +341,7 @@ class BridgePlugin(Plugin):
             state = links.wait_oper_up(ipr, host_name)
             if state != "UP":
                 raise fail(f"bridge port in error state: {state.lower()}")
-        if not (conf.is_gateway and result.ips):  # else the bridge MAC was pinned to br.mac
+        if not created:  # a bridge made elsewhere may not have a pinned MAC: report its final one
             final_br = links.get_link(ipr, index=br.index)
             if final_br is not None:
                 result = attrs.evolve(result, interfaces=[Interface(br.name, final_br.mac), *result.interfaces[1:]])

@@ -46,6 +46,9 @@ class FirewallPlugin(Plugin):
     type = "firewall"
     supported_versions = ("0.4.0", "1.0.0", "1.1.0")
 
+    def validate(self, request: PluginRequest) -> None:
+        _config(request)
+
     def add(self, request: PluginRequest) -> dict[str, Any]:
         admin, policy = _config(request)
         prev = prev_result(request)

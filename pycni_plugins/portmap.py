@@ -201,6 +201,10 @@ def _conflict(elements: list[nft.Element], att: nft.Attachment) -> CNIError:
 class PortmapPlugin(Plugin):
     type = "portmap"
 
+    def validate(self, request: PluginRequest) -> None:
+        _check_options(request)
+        parse_mappings(request.config)
+
     def add(self, request: PluginRequest) -> dict[str, Any]:
         snat, masq_all = _check_options(request)
         prev = prev_result(request)

@@ -232,7 +232,9 @@ def ensure_bridge(ipr: IPRoute, name: str, *, mtu: int = 0, vlan_filtering: bool
     link = get_link(ipr, name)
     created = False
     if link is None:
-        spec: dict[str, Any] = {"ifname": name, "kind": "bridge"}
+        # An explicit MAC at creation makes it "set", so the kernel never swaps it for the lowest
+        # port's MAC as ports come and go: every ADD sees, and reports, the same bridge MAC.
+        spec: dict[str, Any] = {"ifname": name, "kind": "bridge", "address": random_mac()}
         if vlan_filtering:
             spec["br_vlan_filtering"] = 1
         if mtu > 0:

@@ -74,6 +74,7 @@ FAMILIES = ("inet", "bridge")
 _RECORDS = Records("nft")
 _EPOCH = "epoch"
 _COMMENT_MAX = 127
+_READ_RETRIES = 50
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/@+=-]")
 _COMMENT = re.compile(r'comment "([^"]*)"')
 
@@ -340,7 +341,13 @@ def missing(attachment: Attachment, elements: Iterable[Element]) -> list[Element
 def holder(element: Element) -> str | None:
     """The comment of the element holding ``element``'s key (``""`` if uncommented), or ``None``."""
     # libnftables 1.0.6 prints nothing for "get element" in JSON mode, so read the text form.
-    rc, out, _ = _context().cmd(f"get element {element.family} {TABLE} {element.set} {{ {element.key} }}")
+    # A concurrent transaction makes the kernel answer EINTR (the set changed under the
+    # lookup); libnftables does not retry a get, so do it here.
+    command = f"get element {element.family} {TABLE} {element.set} {{ {element.key} }}"
+    for _ in range(_READ_RETRIES):
+        rc, out, err = _context().cmd(command)
+        if rc == 0 or "Interrupted system call" not in (err or ""):
+            break
     if rc != 0 or "elements = {" not in out:
         return None
     found = _COMMENT.search(out)
