@@ -123,7 +123,7 @@ class RuntimeDriver:
 
         self.runtime = Runtime(
             path,
-            cache_dir=os.path.join(cell.dir, "cache"),
+            cache_dir=cell.cache_dir,
             backend=backend,
             timeout=TIMEOUT,
             host_netns=cell.host,

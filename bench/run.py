@@ -18,7 +18,10 @@ import argparse
 import datetime
 import json
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -75,6 +78,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="measured at each N of the run, up to the largest",
     )
     p.add_argument("--parse-time", type=float, default=0.1, metavar="S", help="seconds per parsing measurement")
+    p.add_argument(
+        "--volatile",
+        choices=("tmpfs", "disk"),
+        default="tmpfs",
+        help="where volatile state lives (IPAM leases, pycni's state, netavark's config): a private tmpfs, "
+        "as /run is on a systemd host (default), or the temp dir's disk; the results cache is always on disk",
+    )
     args = p.parse_args(argv)
     if args.json and not os.access(Path(args.json).resolve().parent, os.W_OK):
         p.error(f"--json {args.json}: its directory does not exist or is not writable")  # fail before, not after, a run
@@ -172,14 +182,50 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
             )
 
 
+_TMPFS_ENV = "PYCNI_BENCH_TMPFS"
+
+
+def _in_private_tmpfs(argv: list[str] | None) -> int:
+    """Re-run this harness in a private mount namespace with a tmpfs for volatile state; the mount
+    exists only there and disappears with the process."""
+    mountpoint = tempfile.mkdtemp(prefix="pycni-bench-run-")
+    script = 'mount -t tmpfs -o mode=0700 pycni-bench "$0" && exec "$@"'
+    cmd = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        mountpoint,
+        sys.executable,
+        os.path.abspath(__file__),
+        *(sys.argv[1:] if argv is None else argv),
+    ]
+    child = subprocess.Popen(cmd, env=dict(os.environ, **{_TMPFS_ENV: mountpoint}))
+
+    def forward(signum: int, frame: object) -> None:
+        child.send_signal(signum)  # the child cleans up; this process only waits for it
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    try:
+        return child.wait()
+    finally:
+        os.rmdir(mountpoint)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if os.geteuid() != 0:
         print("bench/run.py needs root: it creates network namespaces (and touches nothing else)", file=sys.stderr)
         return 2
+    if args.volatile == "tmpfs" and _TMPFS_ENV not in os.environ:
+        return _in_private_tmpfs(argv)
     install_signal_handlers()
     progress = measure.Progress()
-    session = Session()
+    session = Session(root=os.environ.get(_TMPFS_ENV))
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "run_id": session.run_id,
@@ -196,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             "container_port": backends.CONTAINER_PORT,
             "netavark_argv": [*backends.netavark_argv("<cell dir>/netavark"), "setup|teardown", "<container netns>"],
             "temp_root": session.root,
+            "volatile": args.volatile,
+            "cache_root": session.disk_root,
             "namespace_prefix": session.prefix,
         },
         "machine": {},
@@ -224,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         swept = session.close()
-        doc["cleanup"] = {"swept_namespaces": swept, "temp_root_removed": not os.path.exists(session.root)}
+        doc["cleanup"] = {"swept_namespaces": swept, "temp_root_removed": session.root_removed()}
         doc["finished"] = _now()
         doc["wall_s"] = round(time.monotonic() - started, 1)
         doc["loadavg_at_end"] = list(os.getloadavg())

@@ -37,7 +37,8 @@ class Cell:
     label: str
     host: str
     containers: tuple[str, ...]
-    dir: str
+    dir: str  # volatile state (IPAM leases, PYCNI_STATE_DIR, netavark's config): /run on a real host
+    cache_dir: str  # the results cache: /var/lib/cni on a real host, always on disk
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -76,6 +77,7 @@ class Session:
         self.prefix = f"{PREFIX}{self.run_id}-"
         self.root = root or tempfile.mkdtemp(prefix=self.prefix)
         os.makedirs(self.root, exist_ok=True)
+        self.disk_root = tempfile.mkdtemp(prefix=f"{self.prefix}cache-")
         self._cells = 0
 
     @contextlib.contextmanager
@@ -84,14 +86,16 @@ class Session:
         self._cells += 1
         tag = f"{self._cells:03d}-{label}"
         work = tempfile.mkdtemp(prefix=f"{tag}-", dir=self.root)
+        cache = tempfile.mkdtemp(prefix=f"{tag}-", dir=self.disk_root)
         saved_state = os.environ.get("PYCNI_STATE_DIR")
         with contextlib.ExitStack() as stack:
             stack.callback(shutil.rmtree, work, True)
+            stack.callback(shutil.rmtree, cache, True)
             stack.callback(_restore_env, "PYCNI_STATE_DIR", saved_state)
             os.environ["PYCNI_STATE_DIR"] = os.path.join(work, "state")
             host = stack.enter_context(netns.Throwaway(name=f"{self.prefix}{tag}-host"))
             containers = [stack.enter_context(netns.Throwaway(name=f"{self.prefix}{tag}-c{i}")) for i in range(n)]
-            yield Cell(label, host.path, tuple(c.path for c in containers), work)
+            yield Cell(label, host.path, tuple(c.path for c in containers), work, cache)
 
     def close(self) -> list[str]:
         """Remove everything left; returns the namespaces the sweep had to remove."""
@@ -100,8 +104,17 @@ class Session:
             leftovers = namespaces_with_prefix(self.prefix)
             for name in leftovers:
                 netns.remove(name)
-            shutil.rmtree(self.root, ignore_errors=True)
+            if os.path.ismount(self.root):  # the private tmpfs: empty it; it goes with the process
+                for entry in os.listdir(self.root):
+                    shutil.rmtree(os.path.join(self.root, entry), ignore_errors=True)
+            else:
+                shutil.rmtree(self.root, ignore_errors=True)
+            shutil.rmtree(self.disk_root, ignore_errors=True)
             return leftovers
+
+    def root_removed(self) -> bool:
+        gone = not os.path.exists(self.root) or (os.path.ismount(self.root) and not os.listdir(self.root))
+        return gone and not os.path.exists(self.disk_root)
 
 
 def _restore_env(key: str, value: str | None) -> None:
