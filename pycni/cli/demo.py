@@ -171,6 +171,11 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
         leases = [n for n in os.listdir(os.path.join(root, "ipam", network.name)) if n[0].isdigit() or ":" in n]
         steps.expect("after DEL: no cache entries, no IPAM leases", not leftovers and not leases)
         steps.expect("after DEL: no container interfaces left", not _links(c1.path) and not _links(c2.path))
+        if inproc:
+            from pycni_plugins.kernel import nft
+
+            left = netns.run_in(host.path, nft.attachments)
+            steps.expect("after DEL: no nftables elements of either container", not left)
     click.echo("  namespaces and state removed")
     if steps.failed:
         raise click.ClickException(f"{len(steps.failed)} check(s) failed: {'; '.join(steps.failed)}")
