@@ -9,9 +9,20 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
-__all__ = ["JSONDecodeFailure", "loads", "dumps_compact", "go_escape", "kind", "go_kind"]
+__all__ = [
+    "JSONDecodeFailure",
+    "loads",
+    "dumps_compact",
+    "go_escape",
+    "go_marshal",
+    "go_marshal_indent",
+    "go_quote",
+    "kind",
+    "go_kind",
+]
 
 
 class JSONDecodeFailure(ValueError):
@@ -73,6 +84,49 @@ _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u
 def go_escape(encoded: str) -> str:
     """Apply Go's HTML-safe escaping to already-encoded JSON (those characters only occur in strings)."""
     return encoded.translate(_GO_ESCAPES)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _go(encoded: str) -> str:
+    # Python's json escapes exactly Go's control set (\b \f \n \r \t short, \u00xx lowercase);
+    # Go adds the HTML-safe escapes and coerces strings to valid UTF-8 (a lone surrogate, Python's
+    # stand-in for invalid UTF-8, becomes U+FFFD).
+    return _SURROGATE.sub("\ufffd", go_escape(encoded))
+
+
+def go_marshal(value: Any) -> str:
+    """Go's ``json.Marshal`` for dicts (in struct field order), lists, str, int, bool, None."""
+    return _go(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+
+
+def go_marshal_indent(value: Any) -> str:
+    """Go's ``json.MarshalIndent(v, "", "\\t")``: tab indent, ``": "``, no trailing newline."""
+    return _go(json.dumps(value, ensure_ascii=False, indent="\t", separators=(",", ": ")))
+
+
+_SHORT = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
+
+
+def go_quote(text: str) -> str:
+    """Go's ``strconv.Quote`` (what ``%q`` prints)."""
+    out = ['"']
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        elif ch in _SHORT:
+            out.append(_SHORT[ch])
+        elif ch < " " or ch == "\x7f":
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) < 0x10000:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    out.append('"')
+    return "".join(out)
 
 
 def kind(value: Any) -> str:

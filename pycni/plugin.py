@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from . import _json
 from . import version as _version
 from .errors import CNIError, ErrorCode, InvalidArgumentError, PluginError, PluginNotFoundError
 
@@ -61,12 +62,12 @@ def load_args(text: str, known: Iterable[str]) -> dict[str, str]:
     for pair in text.split(";") if text else ():
         parts = pair.split("=")
         if len(parts) != 2:
-            raise CNIError(f"ARGS: invalid pair {_go_quote(pair)}", code=ErrorCode.INTERNAL)
+            raise CNIError(f"ARGS: invalid pair {_json.go_quote(pair)}", code=ErrorCode.INTERNAL)
         key, value = parts
         if key == "IgnoreUnknown":
             if value.lower() not in ("1", "true", "0", "false"):
                 raise CNIError(
-                    f"ARGS: error parsing value of pair {_go_quote(pair)}: "
+                    f"ARGS: error parsing value of pair {_json.go_quote(pair)}: "
                     f"boolean unmarshal error: invalid input {value.lower()}",
                     code=ErrorCode.INTERNAL,
                 )
@@ -76,13 +77,8 @@ def load_args(text: str, known: Iterable[str]) -> dict[str, str]:
         else:
             unknown.append(pair)
     if unknown and not ignore_unknown:
-        raise CNIError(f"ARGS: unknown args [{' '.join(map(_go_quote, unknown))}]", code=ErrorCode.INTERNAL)
+        raise CNIError(f"ARGS: unknown args [{' '.join(map(_json.go_quote, unknown))}]", code=ErrorCode.INTERNAL)
     return found
-
-
-def _go_quote(text: str) -> str:
-    """Go's ``%q`` for the printable strings CNI_ARGS carry."""
-    return json.dumps(text, ensure_ascii=False)
 
 
 @attrs.frozen

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import attrs
 
+from .. import _json
 from ..errors import CNIError
-from . import _go
 from .errors import CleanupError
 
 __all__ = [
@@ -70,7 +70,7 @@ def dnat_chain(network: str, container_id: str) -> str:
 
 
 def masquerade_comment(network: str, container_id: str) -> str:
-    return f"name: {_go.quote(network)} id: {_go.quote(container_id)}"
+    return f"name: {_json.go_quote(network)} id: {_json.go_quote(container_id)}"
 
 
 def dnat_comment(network: str, container_id: str) -> str:

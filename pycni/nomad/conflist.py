@@ -16,8 +16,8 @@ from typing import Any
 
 import attrs
 
+from .. import _json
 from ..errors import ConfigError
-from . import _go
 
 __all__ = [
     "BridgeConfig",
@@ -76,7 +76,7 @@ def bridge_conflist(conf: BridgeConfig) -> bytes:
     ]
     if conf.consul_cni:
         plugins.append({"type": "consul-cni", "log_level": "debug"})
-    return _go.marshal_indent({"cniVersion": "0.4.0", "name": NETWORK_NAME, "plugins": plugins}).encode()
+    return _json.go_marshal_indent({"cniVersion": "0.4.0", "name": NETWORK_NAME, "plugins": plugins}).encode()
 
 
 def _cidr_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

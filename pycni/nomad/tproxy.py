@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 
 import attrs
 
-from . import _go
+from .. import _json
 from .errors import TransparentProxyError
 from .models import Allocation, Node, Proxy, Service, TaskGroup, TransparentProxy
 from .ports import PortMappings
@@ -36,9 +36,9 @@ _DIGITS = re.compile(r"[0-9]+")
 def parse_uint16(text: str) -> int:
     """``strconv.ParseUint(text, 10, 16)``; ``ValueError`` carries Go's message."""
     if not _DIGITS.fullmatch(text):
-        raise ValueError(f"strconv.ParseUint: parsing {_go.quote(text)}: invalid syntax")
+        raise ValueError(f"strconv.ParseUint: parsing {_json.go_quote(text)}: invalid syntax")
     if len(text.lstrip("0")) > 5 or int(text) > 0xFFFF:
-        raise ValueError(f"strconv.ParseUint: parsing {_go.quote(text)}: value out of range")
+        raise ValueError(f"strconv.ParseUint: parsing {_json.go_quote(text)}: value out of range")
     return int(text)
 
 
@@ -69,7 +69,7 @@ class IptablesConfig:
         def strings(values: tuple[str, ...] | None) -> list[str] | None:
             return None if values is None else list(values)
 
-        return _go.marshal(
+        return _json.go_marshal(
             {
                 "ConsulDNSIP": self.consul_dns_ip,
                 "ConsulDNSPort": self.consul_dns_port,
@@ -141,7 +141,7 @@ def transparent_proxy_config(
             outbound = parse_uint16(default)
         except ValueError as e:
             raise TransparentProxyError(
-                f"could not parse default_outbound_port {_go.quote(default)} as port number: {e}"
+                f"could not parse default_outbound_port {_json.go_quote(default)} as port number: {e}"
             ) from None
 
     envoy = ports.get(f"connect-proxy-{svc.name}")

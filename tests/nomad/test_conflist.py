@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from pycni import _json
 from pycni.errors import ConfigError
-from pycni.nomad import _go
 from pycni.nomad.conflist import BridgeConfig, bridge_conflist, validate_subnets
 
 from .conftest import FIXTURES
@@ -49,7 +49,7 @@ def test_go_html_escaping_in_values() -> None:
 def test_marshal_indent_matches_nomads_conflist_json_test() -> None:
     # Nomad's TestConflist_Json.
     conf = {"cniVersion": "0.0.1", "name": "test-config", "plugins": [{"type": "test-plugin"}]}
-    assert _go.marshal_indent(conf) == (
+    assert _json.go_marshal_indent(conf) == (
         '{\n\t"cniVersion": "0.0.1",\n\t"name": "test-config",\n\t"plugins": [\n\t\t{\n'
         '\t\t\t"type": "test-plugin"\n\t\t}\n\t]\n}'
     )
