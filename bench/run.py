@@ -79,6 +79,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--parse-time", type=float, default=0.1, metavar="S", help="seconds per parsing measurement")
     p.add_argument(
+        "--max-n",
+        type=_limits,
+        default={},
+        metavar="BACKEND=N,...",
+        help="skip a backend's cells above N (e.g. pycni-exec=100: ~0.5 s per exec'd call makes N=1000 take an hour)",
+    )
+    p.add_argument(
         "--volatile",
         choices=("tmpfs", "disk"),
         default="tmpfs",
@@ -91,6 +98,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.n = [1, 10, 100]
     return args
+
+
+def _limits(text: str) -> dict[str, int]:
+    out = {}
+    for item in filter(None, text.split(",")):
+        name, sep, value = item.partition("=")
+        if not sep or name not in backends.BACKENDS or not value.isdigit():
+            raise argparse.ArgumentTypeError(f"{item!r}: expected BACKEND=N with BACKEND in {list(backends.BACKENDS)}")
+        out[name] = int(value)
+    return out
 
 
 def _now() -> str:
@@ -124,7 +141,7 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
         for name in names:
             doc["warmup"].extend(measure.latency_cell(available[name], 1, session, progress)[0])
         for k, n in enumerate(args.n):
-            order = _rotate(names, k)
+            order = [b for b in _rotate(names, k) if n <= args.max_n.get(b, n)]
             progress.line(f"== latency n={n}: {' → '.join(order)}")
             for position, name in enumerate(order):
                 rows, facts = measure.latency_cell(available[name], n, session, progress)
@@ -234,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {
             "n": args.n,
             "backends": args.backends,
+            "max_n": args.max_n,
             "sections": args.sections,
             "cni_version": backends.CNI_VERSION,
             "chain": list(backends.CHAIN),
