@@ -23,6 +23,7 @@ import os
 import secrets
 import struct
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -30,7 +31,7 @@ import attrs
 
 from . import _json
 from .config import NAME_PATTERN
-from .errors import CacheError, InvalidArgumentError
+from .errors import CacheError, ErrorCode, InvalidArgumentError
 from .request import validate_container_id, validate_ifname
 
 __all__ = ["ResultsCache", "CachedAttachment", "DEFAULT_CACHE_DIR", "CACHE_KIND"]
@@ -44,7 +45,11 @@ def _unwritable(e: BaseException) -> bool:
         return e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
     return "read-only" in str(e).lower() or "permission denied" in str(e).lower()
 
+
 DEFAULT_CACHE_DIR = "/var/lib/cni"
+#: Seconds an operation waits for a lock before giving up with "try again later" (code 11): a
+#: lock is only held that long by a stuck operation, e.g. an exec'd plugin that never ends.
+LOCK_TIMEOUT = 300.0
 CACHE_KIND = "cniCacheV1"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -134,8 +139,9 @@ def _check_key(network: str, container_id: str, ifname: str) -> None:
 class ResultsCache:
     """The cache under ``root`` (libcni default ``/var/lib/cni``)."""
 
-    def __init__(self, root: str = DEFAULT_CACHE_DIR) -> None:
+    def __init__(self, root: str = DEFAULT_CACHE_DIR, *, lock_timeout: float | None = LOCK_TIMEOUT) -> None:
         self.root = root
+        self.lock_timeout = lock_timeout
         self.results_dir = os.path.join(root, "results")
         self.locks_dir = os.path.join(root, "locks")
 
@@ -293,22 +299,49 @@ class ResultsCache:
     # -- locks ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def container_lock(self, container_id: str) -> Iterator[None]:
-        """Exclusive per container, across threads and processes (all its attachments)."""
+    def container_lock(self, container_id: str) -> Iterator[int | None]:
+        """Exclusive per container, across threads and processes (all its attachments).
+
+        Yields the lock's fd: a process that inherits it holds the lock too (the runtime hands it
+        to exec'd plugins, so a plugin that outlives a killed runtime still excludes the next
+        operation on that container until it is done).
+        """
         offset = 1 + int.from_bytes(hashlib.sha256(container_id.encode()).digest()[:5], "big")
-        with self._range_lock("containers", offset, exclusive=True):
-            yield
+        with self._range_lock("containers", offset, exclusive=True) as fd:
+            yield fd
 
     @contextlib.contextmanager
-    def network_lock(self, network: str, *, exclusive: bool) -> Iterator[None]:
-        """Shared for ADD/CHECK/DEL on ``network``, exclusive for its GC."""
+    def network_lock(self, network: str, *, exclusive: bool) -> Iterator[int | None]:
+        """Shared for ADD/CHECK/DEL on ``network``, exclusive for its GC (yields the fd, as above)."""
         if not NAME_PATTERN.fullmatch(network):
             raise InvalidArgumentError("invalid characters found in network name", network, code=7)
-        with self._range_lock(f"net-{network}", 0, exclusive=exclusive):
-            yield
+        with self._range_lock(f"net-{network}", 0, exclusive=exclusive) as fd:
+            yield fd
+
+    def _acquire(self, fd: int, lock: bytes, name: str) -> None:
+        if self.lock_timeout is None:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, lock)
+            return
+        deadline = time.monotonic() + self.lock_timeout
+        pause = 0.001
+        while True:
+            try:
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, lock)
+                return
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            if time.monotonic() >= deadline:
+                raise CacheError(
+                    f"timed out after {self.lock_timeout:g}s waiting for lock {name}",
+                    "another operation holds it (maybe an exec'd plugin still running after its runtime died)",
+                    code=ErrorCode.TRY_AGAIN_LATER,
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     @contextlib.contextmanager
-    def _range_lock(self, name: str, offset: int, *, exclusive: bool) -> Iterator[None]:
+    def _range_lock(self, name: str, offset: int, *, exclusive: bool) -> Iterator[int | None]:
         try:
             dfd = self._open_dir(self.locks_dir, create=True)
             try:
@@ -322,11 +355,11 @@ class ResultsCache:
             # process only (ADD refuses such a cache before running anything anyway).
             log.warning("cache %s is not writable (%s); locking within this process only", self.root, e)
             with _local_locks.setdefault((self.root, name, offset), threading.Lock()):
-                yield
+                yield None
             return
         try:
             kind = fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("@hhqqi4x", kind, os.SEEK_SET, offset, 1, 0))
-            yield
+            self._acquire(fd, struct.pack("@hhqqi4x", kind, os.SEEK_SET, offset, 1, 0), name)
+            yield fd
         finally:
             os.close(fd)

@@ -7,14 +7,16 @@ cannot hang the runtime, and every failure carries stderr and the exit status or
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -29,6 +31,7 @@ __all__ = [
     "exec_version",
     "plugin_failure",
     "raw_exec",
+    "inheriting",
     "decode_version_info",
     "VersionInfo",
     "ExecOutcome",
@@ -80,6 +83,20 @@ def find_plugin(plugin_type: str, paths: Sequence[str]) -> str:
         except (OSError, ValueError):
             continue
     raise PluginNotFoundError(f'failed to find plugin "{plugin_type}" in path [{" ".join(dirs)}]', plugin=plugin_type)
+
+
+_inherit = threading.local()
+
+
+@contextlib.contextmanager
+def inheriting(fds: Iterable[int | None]) -> Iterator[None]:
+    """Plugins this thread execs inside the block inherit ``fds`` (the runtime's lock fds)."""
+    saved = getattr(_inherit, "fds", ())
+    _inherit.fds = saved + tuple(fd for fd in fds if fd is not None)
+    try:
+        yield
+    finally:
+        _inherit.fds = saved
 
 
 def raw_exec(
@@ -173,6 +190,7 @@ def _spawn(executable: str, env: Mapping[str, str], deadline: float | None) -> s
                 stderr=subprocess.PIPE,
                 env=dict(env),
                 close_fds=True,
+                pass_fds=getattr(_inherit, "fds", ()),
                 start_new_session=True,
             )
         except OSError as e:

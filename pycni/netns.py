@@ -14,15 +14,17 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import os
 import secrets
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = ["NetnsError", "entered", "run_in", "open_netns", "create", "remove", "Throwaway", "RUN_DIR"]
+__all__ = ["NetnsError", "entered", "run_in", "open_netns", "is_netns", "create", "remove", "Throwaway", "RUN_DIR"]
 
 CLONE_NEWNET = 0x40000000
+_NS_GET_NSTYPE = 0xB703  # linux/nsfs.h: _IO(0xb7, 0x3)
 RUN_DIR = "/run/netns"
 _SELF = "/proc/thread-self/ns/net"
 T = TypeVar("T")
@@ -52,6 +54,23 @@ def open_netns(path: str | int) -> int:
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
         raise NetnsError(e.errno, f"failed to open netns {path!r}: {e.strerror}") from None
+
+
+def is_netns(path: str) -> bool:
+    """Whether ``path`` names a live network namespace (not just an existing file: where ``/run``
+    is no tmpfs, the empty files namespaces were bind-mounted on outlive a reboot)."""
+    if not path:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return fcntl.ioctl(fd, _NS_GET_NSTYPE) == CLONE_NEWNET
+    except OSError:  # not an nsfs file
+        return False
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -8,8 +8,9 @@ network namespace (``host_netns``) rather than only the caller's.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -21,7 +22,7 @@ from .cache import DEFAULT_CACHE_DIR, CachedAttachment, ResultsCache
 from .config import NetworkConfig, NetworkConfigList, conflist_from_conf, validate_network_name
 from .errors import CacheError, CNIError, MultiError, ResultError, VersionError
 from .failpoints import failpoint
-from .invoke import VersionInfo
+from .invoke import VersionInfo, inheriting
 from .request import (
     Attachment,
     RuntimeConf,
@@ -102,6 +103,18 @@ class Runtime:
 
     # -- plumbing ------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _locked(self, network: str, container_id: str) -> Iterator[None]:
+        """The network (shared) and container locks of one operation. Exec'd plugins inherit the
+        container lock, so one that outlives a killed runtime holds off the next operation on
+        that container until it is done (instead of racing it)."""
+        with (
+            self.cache.network_lock(network, exclusive=False) as nfd,
+            self.cache.container_lock(container_id) as cfd,
+            inheriting((nfd, cfd)),
+        ):
+            yield
+
     def _in_host(self, fn: Callable[..., T], *args: Any) -> T:
         # The calling thread enters the host namespace itself (no thread per call), so what the
         # plugins keep per thread (nftables contexts, netlink sockets) is reused across calls.
@@ -127,7 +140,7 @@ class Runtime:
         before any plugin runs; if the final cache write still fails, every plugin is DEL'd, as
         nothing would remember the attachment otherwise.
         """
-        with self.cache.network_lock(net.name, exclusive=False), self.cache.container_lock(rt.container_id):
+        with self._locked(net.name, rt.container_id):
             self.cache.ensure_writable()
             self._preflight(net, rt)
             prev: AnyResult | None = None
@@ -275,7 +288,7 @@ class Runtime:
         stops DEL and keeps the cache for a retry; with ``best_effort`` every plugin still runs
         and all failures are raised together (:class:`~pycni.errors.MultiError`).
         """
-        with self.cache.network_lock(net.name, exclusive=False), self.cache.container_lock(rt.container_id):
+        with self._locked(net.name, rt.container_id):
             self._delete_locked(net, rt, best_effort=best_effort)
 
     def _delete_locked(self, net: NetworkConfigList, rt: RuntimeConf, *, best_effort: bool) -> None:
@@ -304,7 +317,7 @@ class Runtime:
             raise VersionError(f'configuration version "{net.cni_version}" does not support the CHECK command')
         if net.disable_check:
             return
-        with self.cache.network_lock(net.name, exclusive=False), self.cache.container_lock(rt.container_id):
+        with self._locked(net.name, rt.container_id):
             try:
                 cached = self._cached_result(net, rt)
             except CNIError as e:
@@ -338,7 +351,7 @@ class Runtime:
                     capability_args=dict(entry.capability_args),
                 )
                 try:
-                    with self.cache.container_lock(rt.container_id):
+                    with self.cache.container_lock(rt.container_id) as fd, inheriting((fd,)):
                         self._delete_locked(net, rt, best_effort=False)
                 except CNIError as e:
                     failures.append(e.with_context(f"failed to delete stale attachment {rt.container_id} {rt.ifname}"))
@@ -355,12 +368,15 @@ class Runtime:
     def reconcile_network_list(self, net: NetworkConfigList, *, dry_run: bool = False) -> ReconcileReport:
         """GC that collects what crashes and reboots leave behind (``pycni gc --reconcile``).
 
-        Cached attachments whose network namespace is gone are stale: they are DEL'd with their
-        cached parameters. Every other cached attachment is valid, and the plugins get GC with
-        that list, so they remove leases, links and nftables elements of attachments nobody
-        remembers. Built-in plugins get GC at 1.1.0 even when the list is older (they support
-        it), and report what they collected. With ``dry_run`` nothing is changed: stale
-        attachments are only listed and only built-in plugins are asked (to report, not act).
+        Cached attachments whose network namespace is gone (:func:`pycni.netns.is_netns`) are stale: they
+        are DEL'd with their cached parameters. Every other cached attachment is valid, and the
+        plugins get GC with that list, so they remove leases, links and nftables elements of
+        attachments nobody remembers (a crash before the cache was written). Built-in plugins
+        get GC at 1.1.0 even when the list is older (they support it), and report what they
+        collected. With ``dry_run`` nothing is changed: stale attachments are only listed and
+        only built-in plugins are asked (to report, not act); they are told that the stale
+        attachments are valid, so what they report is what the GC itself would collect
+        (the DELs take care of the stale ones).
         """
         stale_names: list[str] = []
         collected: list[str] = []
@@ -368,8 +384,9 @@ class Runtime:
         errors: list[str] = []
         with self.cache.network_lock(net.name, exclusive=True):
             entries = [e for e in self.cache.attachments() if e.network == net.name]
-            gone = [e for e in entries if not e.netns or not os.path.exists(e.netns)]
-            valid = [Attachment(e.container_id, e.ifname) for e in entries if e not in gone]
+            alive = [_netns.is_netns(e.netns) for e in entries]
+            gone = [e for e, ok in zip(entries, alive) if not ok]
+            valid = [Attachment(e.container_id, e.ifname) for e, ok in zip(entries, alive) if ok or dry_run]
             for entry in gone:
                 stale_names.append(f"{entry.container_id}/{entry.ifname} (netns {entry.netns or '-'} gone)")
                 if dry_run:
@@ -378,7 +395,7 @@ class Runtime:
                     entry.container_id, entry.netns, entry.ifname, entry.cni_args, dict(entry.capability_args)
                 )
                 try:
-                    with self.cache.container_lock(rt.container_id):
+                    with self.cache.container_lock(rt.container_id) as fd, inheriting((fd,)):
                         self._delete_locked(net, rt, best_effort=True)
                 except CNIError as e:
                     errors.append(f"failed to delete stale attachment {rt.container_id} {rt.ifname}: {e}")
@@ -453,7 +470,7 @@ class Runtime:
     def add_network(self, conf: NetworkConfig, rt: RuntimeConf) -> AnyResult:
         """ADD one plugin config (its own ``name``/``cniVersion``); caches the plugin's bytes."""
         net = conflist_from_conf(conf)
-        with self.cache.network_lock(net.name, exclusive=False), self.cache.container_lock(rt.container_id):
+        with self._locked(net.name, rt.container_id):
             self.cache.ensure_writable()
             self._preflight(net, rt)
             try:

@@ -23,9 +23,16 @@ __all__ = [
     "prev_result",
     "emit",
     "attachment",
+    "DRY_RUN_KEY",
+    "dry_run",
+    "valid_attachments",
+    "gc_report",
+    "nftables_status",
 ]
 
 _CURRENT = "1.1.0"
+#: GC stdin key (pycni extension): report what would be collected, change nothing.
+DRY_RUN_KEY = "pycni.dev/dry-run"
 T = TypeVar("T")
 
 
@@ -39,12 +46,14 @@ def in_netns(path: str | int, fn: Callable[..., T], *args: Any) -> T:
     try:
         return netns.run_in(path, fn, *args)
     except netns.NetnsError as e:
-        raise fail(str(e)) from e
+        raise fail(e.strerror or str(e)) from e
 
 
 def netns_gone(e: BaseException) -> bool:
-    """Whether ``e`` says the container's namespace path no longer exists."""
-    return isinstance(e, netns.NetnsError) and e.errno == errno.ENOENT
+    """Whether ``e`` says the container's namespace is gone: its path no longer exists, or no
+    longer is a network namespace (the empty file a bind mount left on a /run that survived a
+    reboot). DEL treats both as "nothing left in there to delete"."""
+    return isinstance(e, netns.NetnsError) and e.errno in (errno.ENOENT, errno.EINVAL)
 
 
 class Fields:
@@ -108,3 +117,48 @@ def emit(result: Result, request: PluginRequest) -> dict[str, Any]:
 
 def attachment(request: PluginRequest) -> Attachment:
     return Attachment(request.network_name, request.container_id, request.ifname)
+
+
+def dry_run(request: PluginRequest) -> bool:
+    """Whether a GC request only asks what would be collected (``pycni.dev/dry-run``)."""
+    return request.config.get(DRY_RUN_KEY) is True
+
+
+def valid_attachments(request: PluginRequest) -> set[tuple[str, str]]:
+    """GC's ``cni.dev/valid-attachments`` (or the older ``cni.dev/attachments``) as
+    ``{(containerID, ifname)}``. Absent or null means none is valid, as for the Go plugins
+    (cnitool's GC after it has DEL'd every cached attachment)."""
+    listed = request.config.get("cni.dev/valid-attachments")
+    if listed is None:
+        listed = request.config.get("cni.dev/attachments")
+    if listed is None:
+        return set()
+    if not isinstance(listed, list):
+        raise fail("invalid cni.dev/valid-attachments: expected an array")
+    out = set()
+    for item in listed:
+        if not isinstance(item, Mapping) or not isinstance(item.get("containerID"), str):
+            raise fail(f"invalid cni.dev/valid-attachments entry: {item!r}")
+        ifname = item.get("ifname", "")
+        out.add((item["containerID"], ifname if isinstance(ifname, str) else ""))
+    return out
+
+
+def gc_report(removed: list[str]) -> dict[str, list[str]]:
+    """What a built-in plugin's ``gc`` returns (pycni extension; an exec'd plugin prints nothing)."""
+    return {"removed": removed}
+
+
+def nftables_status() -> None:
+    """STATUS of an nftables plugin: code 50 (plugin not available) unless libnftables loads and
+    answers in the calling thread's namespace."""
+    try:
+        import nftables
+
+        rc, _, err = nftables.Nftables().cmd("list tables")
+    except Exception as e:  # ImportError, OSError from dlopen, anything the binding raises
+        raise CNIError("nftables is not usable", f"libnftables: {e}", code=ErrorCode.PLUGIN_NOT_AVAILABLE) from e
+    if rc != 0:
+        raise CNIError(
+            "nftables is not usable", f"libnftables: {err.strip() or rc}", code=ErrorCode.PLUGIN_NOT_AVAILABLE
+        )

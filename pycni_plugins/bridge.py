@@ -15,6 +15,15 @@ error texts follow containernetworking/plugins v1.9.1. Where pycni differs, on p
   link is already deleted (the reference leaks them there: #810);
 * DEL returns as soon as the kernel has unlisted the container interface
   (:func:`~.kernel.links.delete_link`);
+* every attachment has a record under pycni's state dir (``bridge/<attachment key>``: the
+  bridge, its MAC and the host veth), written before the veth is created: DEL deletes a host
+  veth left behind (a netns path gone while the namespace lives on), GC deletes the veths of
+  attachments it was not told are valid, and an ADD that has to re-create a deleted bridge
+  gives it its old MAC and re-enslaves the surviving veths of the earlier attachments;
+* GC (spec 1.1) goes to the IPAM plugin too, and collects the masquerade and spoof-check
+  elements and the records and veths of attachments not in ``cni.dev/valid-attachments``;
+  STATUS is the IPAM plugin's; CHECK also verifies the masquerade and spoof-check elements and
+  the nftables rules they need;
 * ``isGateway`` together with ``vlan`` (the reference's ``<bridge>.<vlan>`` gateway veth) is
   refused as unsupported (untested: no kernel here has 802.1Q and bridge VLAN filtering);
   ``vlan``/``vlanTrunk`` on a kernel without VLAN filtering fail with a clear error and leave
@@ -36,12 +45,26 @@ import attrs
 
 from pycni import netns
 from pycni.errors import CNIError, ErrorCode
+from pycni.failpoints import failpoint
 from pycni.invoke import find_plugin
 from pycni.plugin import Plugin, PluginRequest, builtin_plugin, delegate
 from pycni.types import DNS, Interface, IPConfig, Result, Route
 
-from ._common import Fields, attachment, emit, fail, in_netns, ipam_result, netns_gone, prev_result
+from ._common import (
+    Fields,
+    attachment,
+    dry_run,
+    emit,
+    fail,
+    gc_report,
+    in_netns,
+    ipam_result,
+    netns_gone,
+    prev_result,
+    valid_attachments,
+)
 from .kernel import layout, links, nft, sysctl
+from .kernel.state import Records
 
 __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 
@@ -50,6 +73,9 @@ VETH_RETRIES = 10
 _IFNAME_BAD = re.compile(r'[/:\s"\\]')
 _MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 _NO_PREV = "Required prevResult missing"
+#: Per attachment: ``{"attachment", "bridge", "bridge_mac", "host"}`` (see the module docstring).
+_LINKS = Records("bridge")
+_NFT_OWNERS = ("masq", "spoofchk")
 
 
 @attrs.frozen
@@ -306,9 +332,12 @@ class BridgePlugin(Plugin):
     def _add(
         self, request: PluginRequest, conf: BridgeConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]
     ) -> Result:
+        att = attachment(request)
         try:
+            # A bridge someone deleted comes back with the MAC the attachments' results report.
+            mac = _remembered_mac(conf.bridge) if links.ifindex(conf.bridge) is None else None
             br, created = links.ensure_bridge(
-                ipr, conf.bridge, mtu=conf.mtu, vlan_filtering=bool(conf.vlan or conf.vlan_trunk)
+                ipr, conf.bridge, mtu=conf.mtu, vlan_filtering=bool(conf.vlan or conf.vlan_trunk), mac=mac
             )
             if conf.promisc and not br.promisc:
                 links.set_up(ipr, br.index, promisc=True)
@@ -317,20 +346,26 @@ class BridgePlugin(Plugin):
         _quiet_sysctl(f"net/ipv6/conf/{conf.bridge}/accept_ra", 0)
         if not br.up:
             links.set_up(ipr, br.index)
+        if created and mac is not None:
+            self._reattach(ipr, conf, br, att.network)
+        failpoint("bridge.add.after-bridge")
         # Both ends get their MAC here: the result needs no read-back, and udev's
         # MACAddressPolicy=persistent leaves an explicitly set host-side MAC alone.
         container_mac = conf.mac or links.random_mac()
-        host_name, host_mac = self._add_veth(request, conf, ipr, fd, br, container_mac)
+        previous = _LINKS.load(att.key)
+        undo.append(lambda: _restore_record(att, previous))
+        host_name, host_mac = self._add_veth(request, conf, ipr, fd, br, container_mac, att)
         undo.append(lambda: links.delete_link(host_name))
+        failpoint("bridge.add.after-veth")
         _quiet_sysctl(f"net/ipv6/conf/{host_name}/accept_ra", 0)
         try:
             self._setup_port(ipr, conf, host_name)
         except links.LinkError as e:
             raise fail(f'failed to setup port "{host_name}" of bridge {conf.bridge}: {e.strerror}') from e
-        att = attachment(request)
         if conf.macspoofchk:
             undo.append(lambda: nft.release("spoofchk", att))
             nft.apply("spoofchk", att, layout.spoofchk_elements(host_name, container_mac), (layout.SPOOFCHK,))
+            failpoint("bridge.add.after-spoofchk")
         container = Interface(request.ifname, container_mac, sandbox=request.netns)
         result = Result("1.1.0", [Interface(br.name, br.mac), Interface(host_name, host_mac), container])
         if conf.ipam_type:
@@ -347,12 +382,40 @@ class BridgePlugin(Plugin):
                 result = attrs.evolve(result, interfaces=[Interface(br.name, final_br.mac), *result.interfaces[1:]])
         return result
 
+    def _reattach(self, ipr: Any, conf: BridgeConfig, br: links.Link, network: str) -> None:
+        """The bridge was deleted behind our back and has just been re-created: enslave again the
+        host veths of the attachments recorded on it that are still there and masterless."""
+        for record in _records():
+            if record.get("bridge") != conf.bridge or not isinstance(record.get("host"), str):
+                continue
+            link = links.get_link(ipr, record["host"])
+            if link is None or link.kind != "veth" or link.master:
+                continue
+            with contextlib.suppress(links.LinkError):
+                links.set_master(ipr, link.index, br.index)
+                if record.get("attachment", {}).get("network") == network:
+                    self._setup_port(ipr, conf, link.name)
+
     def _add_veth(
-        self, request: PluginRequest, conf: BridgeConfig, ipr: Any, fd: int, br: links.Link, container_mac: str
+        self,
+        request: PluginRequest,
+        conf: BridgeConfig,
+        ipr: Any,
+        fd: int,
+        br: links.Link,
+        container_mac: str,
+        att: nft.Attachment,
     ) -> tuple[str, str]:
         host_mac = links.random_mac()
-        for _ in range(VETH_RETRIES):
+        for attempt in range(VETH_RETRIES):
             host_name = links.random_veth_name()
+            # Recorded before it exists: a crash right after leaves no veth nobody can map.
+            _LINKS.store(
+                att.key,
+                {"attachment": attrs.asdict(att), "bridge": conf.bridge, "bridge_mac": br.mac, "host": host_name},
+            )
+            if attempt == 0:
+                failpoint("bridge.add.after-record")
             try:
                 links.add_veth(
                     ipr,
@@ -395,13 +458,15 @@ class BridgePlugin(Plugin):
         result: Result,
         undo: list[Callable[[], Any]],
     ) -> Result:
-        raw = delegate(request, conf.ipam_type, "ADD")
         undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
+        raw = delegate(request, conf.ipam_type, "ADD")
+        failpoint("bridge.add.after-ipam")
         ipam = ipam_result(raw, request)
         if not ipam.ips:
             raise fail("IPAM plugin returned missing IP config")
         ips, routes, bridge_addrs = _gateways(conf, ipam)
         netns.run_in(fd, _configure_container, request.ifname, ips, routes, conf.enable_dad)
+        failpoint("bridge.add.after-container")
         if bridge_addrs:
             for addr in bridge_addrs:
                 _ensure_gateway_addr(ipr, br, addr, conf.force_address)
@@ -413,6 +478,7 @@ class BridgePlugin(Plugin):
                     sysctl.ensure(name, 1)
                 except OSError as e:
                     raise fail(f"failed to enable forwarding: {e.strerror}") from e
+            failpoint("bridge.add.after-gateway")
         if conf.ip_masq:
             att = attachment(request)
             undo.append(lambda: nft.release("masq", att))
@@ -421,6 +487,7 @@ class BridgePlugin(Plugin):
                 nft.apply("masq", att, [layout.masq_element(ip.address) for ip in ips], sections)
             except nft.NftError as e:
                 raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
+            failpoint("bridge.add.after-masq")
         dns = conf.dns if conf.dns is not None else ipam.dns
         return attrs.evolve(result, ips=ips, routes=routes, dns=dns)
 
@@ -434,13 +501,26 @@ class BridgePlugin(Plugin):
                     raise fail(str(e)) from e
             except links.LinkError as e:
                 raise fail(f'failed to delete "{request.ifname}": {e.strerror}') from e
+            failpoint("bridge.del.after-container")
+        att = attachment(request)
+        record = _LINKS.load(att.key)
+        if isinstance(record, dict):
+            # The netns path may be gone (or empty) while the namespace lives on: the host
+            # end is then still there, and deleting it takes the container end with it.
+            try:
+                _delete_host_veth(record)
+            except links.LinkError as e:
+                raise fail(f'failed to delete "{record.get("host")}": {e.strerror}') from e
+            failpoint("bridge.del.after-link")
         # nftables state first: it comes from the attachment's records, needs neither the
         # netns nor the link, and must not stay behind when IPAM DEL fails.
-        att = attachment(request)
         nft.release("spoofchk", att)
         nft.release("masq", att)
+        failpoint("bridge.del.after-nft")
         if conf.ipam_type:
             delegate(request, conf.ipam_type, "DEL")
+            failpoint("bridge.del.after-ipam")
+        _LINKS.remove(att.key)
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request)
@@ -452,10 +532,140 @@ class BridgePlugin(Plugin):
         prev = prev_result(request)
         if prev is None:
             raise fail(_NO_PREV)
-        _check(request, conf, prev)
+        host_veth = _check(request, conf, prev)
+        _check_nft(request, conf, prev, host_veth)
+
+    def gc(self, request: PluginRequest) -> dict[str, Any]:
+        """Remove what this network's attachments not in ``cni.dev/valid-attachments`` left:
+        their masquerade and spoof-check elements, their host veths (from the records: a veth
+        pycni has no record of is never touched) and records, and, through the IPAM plugin's
+        GC, their leases. ``pycni.dev/dry-run`` only reports."""
+        conf = load_config(request)
+        valid = valid_attachments(request)
+        dry = dry_run(request)
+        removed: list[str] = []
+        errors: list[str] = []
+        network = request.network_name
+        keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid}
+        for name in _LINKS.names():
+            record = _LINKS.load(name)
+            if not isinstance(record, dict) or name in keep:
+                continue
+            att = record.get("attachment") or {}
+            if att.get("network") != network:
+                continue
+            who = f"{att.get('container_id')}/{att.get('ifname')}"
+            host = _host_veth(record)
+            if host is not None:
+                removed.append(f"host veth {host} of {who} on bridge {record.get('bridge')}")
+                if not dry:
+                    try:
+                        _delete_host_veth(record)
+                    except links.LinkError as e:
+                        errors.append(f"failed to delete {host} of {who}: {e.strerror}")
+                        continue
+            removed.append(f"pycni state record bridge/{name} of {who}")
+            if not dry:
+                _LINKS.remove(name)
+        try:
+            removed += nft.collect(network, valid, _NFT_OWNERS, dry_run=dry)
+            if not dry:
+                for owner in _NFT_OWNERS:
+                    removed += nft.restore(network, valid, owner, lambda e, o=owner: layout.sections_for(o, e))
+            if conf.ip_masq and not dry:
+                subnets = [layout.chain_subnet(c, "masq-") for c in nft.chains("inet")]
+                sections = [layout.MASQ, *(layout.masq_subnet(n) for n in subnets if n is not None)]
+                removed += [f"repaired: {p}" for p in nft.repair(sections, create=False)]
+        except nft.NftError as e:
+            errors.append(f"failed to collect nftables elements: {e.msg}")
+        if conf.ipam_type:
+            try:
+                out = delegate(request, conf.ipam_type, "GC")
+                if isinstance(out, dict):
+                    removed += [str(item) for item in out.get("removed", ())]
+            except CNIError as e:
+                errors.append(f"IPAM GC failed: {e.msg}")
+        if errors:
+            raise fail("; ".join(errors), "removed: " + ", ".join(removed) if removed else "")
+        return gc_report(removed)
+
+    def status(self, request: PluginRequest) -> None:
+        conf = load_config(request)
+        if conf.ipam_type:
+            delegate(request, conf.ipam_type, "STATUS")
 
 
-def _check(request: PluginRequest, conf: BridgeConfig, prev: Result) -> None:
+def _records() -> list[dict[str, Any]]:
+    out = []
+    for name in _LINKS.names():
+        record = _LINKS.load(name)
+        if isinstance(record, dict):
+            out.append(record)
+    return out
+
+
+def _remembered_mac(bridge: str) -> str | None:
+    """The MAC a deleted bridge had, from its attachments' records (O(records): only when the
+    bridge has to be created)."""
+    for record in _records():
+        mac = record.get("bridge_mac")
+        if record.get("bridge") == bridge and isinstance(mac, str) and _MAC.fullmatch(mac):
+            return mac
+    return None
+
+
+def _restore_record(att: nft.Attachment, previous: Any) -> None:
+    if previous is None:
+        _LINKS.remove(att.key)
+    else:
+        _LINKS.store(att.key, previous)
+
+
+def _host_veth(record: dict[str, Any]) -> str | None:
+    """The recorded host veth if it is still there: a veth of that name, enslaved to the
+    recorded bridge or to none (the bridge was deleted), nothing else."""
+    host, bridge = record.get("host"), record.get("bridge")
+    if not isinstance(host, str) or not isinstance(bridge, str):
+        return None
+    with links.iproute() as ipr:
+        link = links.get_link(ipr, host)
+    if link is None or link.kind != "veth":
+        return None
+    return host if link.master in (0, links.ifindex(bridge)) else None
+
+
+def _delete_host_veth(record: dict[str, Any]) -> None:
+    host = _host_veth(record)
+    if host is not None:
+        links.delete_link(host)
+
+
+def _masq_sections(conf: BridgeConfig, ips: Any) -> list[nft.Section]:
+    return [layout.MASQ, *{layout.masq_subnet(ip.address.network) for ip in ips}]
+
+
+def _check_nft(request: PluginRequest, conf: BridgeConfig, prev: Result, host_veth: str) -> None:
+    """The masquerade and spoof-check elements of the attachment, and the rules they need."""
+    att = attachment(request)
+    if conf.ip_masq:
+        ips = [ip for ip in prev.ips if ip.interface is None or _is_container(prev, ip.interface, request.ifname)]
+        problem = nft.check(att, [layout.masq_element(ip.address) for ip in ips], _masq_sections(conf, ips))
+        if problem:
+            raise fail(f"ipMasq: {problem}")
+    if conf.macspoofchk:
+        ctr = next((i for i in prev.interfaces if i.name == request.ifname and i.sandbox), None)
+        if ctr is not None and ctr.mac:
+            problem = nft.check(att, layout.spoofchk_elements(host_veth, ctr.mac.lower()), (layout.SPOOFCHK,))
+            if problem:
+                raise fail(f"macspoofchk: {problem}")
+
+
+def _is_container(prev: Result, index: int, ifname: str) -> bool:
+    return 0 <= index < len(prev.interfaces) and prev.interfaces[index].name == ifname
+
+
+def _check(request: PluginRequest, conf: BridgeConfig, prev: Result) -> str:
+    """The reference's link checks; returns the host veth's name."""
     br_iface = next((i for i in prev.interfaces if i.name == conf.bridge), None)
     ctr_iface = next((i for i in prev.interfaces if i.name == request.ifname and i.sandbox), None)
     if ctr_iface is not None and ctr_iface.sandbox != request.netns:
@@ -480,7 +690,7 @@ def _check(request: PluginRequest, conf: BridgeConfig, prev: Result) -> None:
         ctr = None
         if ctr_iface is not None:
             ctr = in_netns(request.netns, _check_container, ctr_iface, prev, request.ifname)
-        veth_found = False
+        veth_found = ""
         if ctr is not None and br is not None:
             for iface in prev.interfaces:
                 if iface is br_iface or iface is ctr_iface or iface.sandbox:
@@ -491,7 +701,7 @@ def _check(request: PluginRequest, conf: BridgeConfig, prev: Result) -> None:
                 if link.index == ctr.peer_index and link.peer_index == ctr.index and link.master == br.index:
                     if iface.mac and iface.mac.lower() != link.mac:
                         raise fail(f"Interface {iface.name} Mac doesn't match: {iface.mac} not found")
-                    veth_found = True
+                    veth_found = link.name
                     break
     if br is None:
         raise fail(f"CNI created bridge {conf.bridge} in host namespace was not found")
@@ -499,6 +709,7 @@ def _check(request: PluginRequest, conf: BridgeConfig, prev: Result) -> None:
         raise fail(f"CNI created interface in container {request.ifname} not found")
     if not veth_found:
         raise fail(f"CNI veth created for bridge {conf.bridge} was not found")
+    return veth_found
 
 
 def _check_container(iface: Interface, prev: Result, ifname: str) -> links.Link:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pycni.failpoints import failpoint
 from pycni.plugin import Plugin, PluginRequest
 
-from ._common import Fields, attachment, emit, fail, prev_result
+from ._common import Fields, attachment, dry_run, emit, fail, gc_report, nftables_status, prev_result, valid_attachments
 from .kernel import layout, nft
 
 __all__ = ["FirewallPlugin"]
@@ -69,21 +70,51 @@ class FirewallPlugin(Plugin):
             # No element refers to the admin chain, so a missing one would not fail the
             # optimistic transaction: ensure the sections first (memoised per thread and netns).
             nft.ensure(sections)
+            failpoint("firewall.add.after-ensure")
             nft.apply(_OWNER, attachment(request), elements, sections, shared)
         except nft.NftError as e:
             raise fail(f"failed to add firewall rules: {e.msg}", e.details) from e
         return emit(prev, request)
 
     def check(self, request: PluginRequest) -> None:
-        _config(request)
+        admin, policy = _config(request)
         prev = prev_result(request)
         if prev is None:
             raise fail("missing prevResult from earlier plugin")
         elements = [layout.firewall_element(ip.address.ip) for ip in prev.ips]
         gone = nft.missing(attachment(request), elements)
         if gone:
-            raise fail(f"expected firewall element {gone[0].key} not found in set {gone[0].set}")
+            problem = nft.check(attachment(request), gone[:1])
+            raise fail(f"expected firewall element {gone[0].key} not found in set {gone[0].set}", problem or "")
+        problems = nft.skeleton_problems(_sections(admin, policy))
+        if problems:
+            raise fail(f"firewall rules incomplete: {problems[0]}", "; ".join(problems[1:]))
 
     def delete(self, request: PluginRequest) -> None:
         _config(request)
         nft.release(_OWNER, attachment(request))
+
+    def gc(self, request: PluginRequest) -> dict[str, Any]:
+        """Remove the firewall elements (and records) of this network's attachments not in
+        ``cni.dev/valid-attachments``, and put back lost skeleton rules and admin jumps."""
+        admin, policy = _config(request)
+        dry = dry_run(request)
+        try:
+            valid = valid_attachments(request)
+            removed = nft.collect(request.network_name, valid, (_OWNER,), dry_run=dry)
+            if not dry:
+                removed += nft.restore(request.network_name, valid, _OWNER, lambda e: _sections(admin, policy))
+                removed += [f"repaired: {p}" for p in nft.repair(_sections(admin, policy), create=False)]
+        except nft.NftError as e:
+            raise fail(f"failed to collect firewall elements: {e.msg}", e.details) from e
+        return gc_report(removed)
+
+    def status(self, request: PluginRequest) -> None:
+        nftables_status()
+
+
+def _sections(admin: str, policy: str) -> list[nft.Section]:
+    sections = [layout.FIREWALL, layout.admin_section(admin)]
+    if policy != "open":
+        sections.append(layout.ISOLATION)
+    return sections

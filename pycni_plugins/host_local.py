@@ -32,6 +32,7 @@ import attrs
 from pycni import version as _version
 from pycni._json import go_kind
 from pycni.errors import CNIError, ConfigError, ErrorCode
+from pycni.failpoints import failpoint
 from pycni.plugin import Plugin, PluginRequest
 
 __all__ = ["DEFAULT_DATA_DIR", "HostLocalConfig", "HostLocalPlugin", "IPRange", "load_config", "parse_resolv_conf"]
@@ -914,6 +915,30 @@ class _Store:
             except OSError:
                 pass
 
+    def collect(self, valid: set[tuple[str, str]], *, dry_run: bool) -> list[tuple[str, str]]:
+        """GC (the caller holds the lock): unlink the lease files of attachments not in ``valid``;
+        returns ``(ip, "containerID/ifname")`` of each. Only files named by an IP are leases;
+        the lease cache learns of the unlinks through inotify, as of any other writer's."""
+        ids = {cid for cid, _ in valid}
+        doomed = []
+        for name, data in self.lease_files():
+            if _parse_ip(name) is None:
+                continue
+            text = data.decode("utf-8", "surrogateescape")
+            cid, sep, ifname = text.partition("\r\n")
+            if (cid.strip(), ifname.strip()) in valid if sep else cid.strip() in ids:
+                continue
+            doomed.append((name, f"{cid.strip()}/{ifname.strip()}" if sep else f"{cid.strip()} (legacy lease)"))
+        if not dry_run:
+            for name, _ in doomed:
+                try:
+                    os.unlink(name, dir_fd=self.fd)
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    raise _os_fail("remove", os.path.join(self.path, name), e) from None
+        return doomed
+
 
 # ---------------------------------------------------------------------------------------------
 # Allocation
@@ -1061,12 +1086,30 @@ class HostLocalPlugin(Plugin):
         dns = parse_resolv_conf(conf.resolv_conf) if conf.resolv_conf else {}
         with _Store(conf.data_dir, conf.name) as store, store.locked():
             allocated = _allocate(store, conf, request.container_id, request.ifname)
+            failpoint("host-local.add.after-lease")  # leased, lock held, nobody told yet
         return _result(conf.cni_version, allocated, conf.routes, dns)
 
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)
         with _Store(conf.data_dir, conf.name) as store, store.locked():
+            failpoint("host-local.del.before-release")  # lock held
             store.release(request.container_id, request.ifname, passes=len(conf.range_sets))
+
+    def gc(self, request: PluginRequest) -> dict[str, Any]:
+        """Release every lease of the network whose attachment is not in
+        ``cni.dev/valid-attachments`` (a legacy bare-ID lease: whose container has no valid
+        attachment), under the lock; with ``pycni.dev/dry-run`` only report them."""
+        from ._common import dry_run, gc_report, valid_attachments
+
+        conf = load_config(request)
+        valid = valid_attachments(request)
+        with _Store(conf.data_dir, conf.name) as store, store.locked():
+            removed = store.collect(valid, dry_run=dry_run(request))
+        return gc_report([f"host-local lease {ip} of {owner} (network {conf.name})" for ip, owner in removed])
+
+    def status(self, request: PluginRequest) -> None:
+        """Ready whenever the config is valid (nothing is touched on disk)."""
+        load_config(request)
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request)

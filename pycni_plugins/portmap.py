@@ -35,10 +35,11 @@ from typing import Any
 import attrs
 
 from pycni.errors import CNIError, ErrorCode
+from pycni.failpoints import failpoint
 from pycni.plugin import Plugin, PluginRequest
 from pycni.types import Result
 
-from ._common import Fields, attachment, emit, fail, prev_result
+from ._common import Fields, attachment, dry_run, emit, fail, gc_report, nftables_status, prev_result, valid_attachments
 from .kernel import layout, nft, sysctl
 
 __all__ = ["PortMapping", "PortmapPlugin", "parse_mappings"]
@@ -222,6 +223,7 @@ class PortmapPlugin(Plugin):
             raise _conflict(elements, att) from e
         except nft.NftError as e:
             raise fail(f"failed to publish host ports: {e.msg}", e.details) from e
+        failpoint("portmap.add.after-nft")
         _flush_udp(mappings, addrs)
         if snat and not masq_all:
             for addr in addrs:
@@ -237,10 +239,37 @@ class PortmapPlugin(Plugin):
         mappings = parse_mappings(request.config)
         if not mappings:
             return
-        elements, _ = _elements(mappings, container_addresses(request, prev), snat, masq_all)
+        elements, sections = _elements(mappings, container_addresses(request, prev), snat, masq_all)
         gone = nft.missing(attachment(request), elements)
         if gone:
-            raise fail(f"missing hostport elements in table inet {nft.TABLE}: " + ", ".join(e.key for e in gone))
+            problem = nft.check(attachment(request), gone)
+            raise fail(
+                f"missing hostport elements in table inet {nft.TABLE}: " + ", ".join(e.key for e in gone),
+                problem or "",
+            )
+        problems = nft.skeleton_problems(sections)
+        if problems:
+            raise fail(f"host ports not published: {problems[0]}", "; ".join(problems[1:]))
 
     def delete(self, request: PluginRequest) -> None:
         nft.release(_OWNER, attachment(request))
+
+    def gc(self, request: PluginRequest) -> dict[str, Any]:
+        """Remove the host-port and hairpin elements (and records) of this network's attachments
+        not in ``cni.dev/valid-attachments``, and put back lost skeleton rules."""
+        _check_options(request)
+        dry = dry_run(request)
+        try:
+            valid = valid_attachments(request)
+            removed = nft.collect(request.network_name, valid, (_OWNER,), dry_run=dry)
+            if not dry:
+                removed += nft.restore(request.network_name, valid, _OWNER, lambda e: layout.sections_for(_OWNER, e))
+                subnets = [layout.chain_subnet(c, "hairpin-") for c in nft.chains("inet")]
+                sections = [layout.PORTMAP, *(layout.hairpin_subnet(n) for n in subnets if n is not None)]
+                removed += [f"repaired: {p}" for p in nft.repair(sections, create=False)]
+        except nft.NftError as e:
+            raise fail(f"failed to collect host ports: {e.msg}", e.details) from e
+        return gc_report(removed)
+
+    def status(self, request: PluginRequest) -> None:
+        nftables_status()

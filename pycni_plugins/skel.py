@@ -12,6 +12,11 @@ uses, so both paths are one code path inside the plugin. Output as Go's skel pri
   interface name (4), undecodable config (6), unknown command (4); the plugin's own netns passed
   as ``CNI_NETNS`` is refused before anything changes (:meth:`pycni.plugin.Plugin.handle`).
 
+GC prints nothing on success (a built-in plugin's report of what it collected is for the
+in-process runtime only). An installed plugin dies with the process that exec'd it
+(within 20 ms): a runtime killed mid-ADD must not leave its plugin running on, racing the DEL
+that recovers from the crash.
+
 Usage: ``python -m pycni_plugins.skel <type>`` or :func:`main` from a generated script
 (:mod:`.install`).
 """
@@ -112,7 +117,7 @@ def run(plugin: Plugin, env: Mapping[str, str], stdin: bytes, stdout: TextIO) ->
         out = plugin.handle(request)
         if request.command == "VERSION":
             stdout.write(json.dumps(out, separators=(",", ":")) + "\n")
-        elif out is not None:
+        elif out is not None and request.command != "GC":
             version = str(out.get("cniVersion", ""))
             stdout.write(_dump(out, sort=version.startswith("1.")))
         return 0
@@ -128,6 +133,30 @@ def _load(target: str) -> Plugin:
     return getattr(importlib.import_module(module), name)()
 
 
+_WATCH_PARENT = 0.02
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this process soon after the process that exec'd it dies.
+
+    A watcher thread compares the parent PID every 20 ms (``PR_SET_PDEATHSIG`` would need
+    ctypes, whose import costs more than the thread).
+    """
+    import signal
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(_WATCH_PARENT)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
 def main(plugin_type: str, target: str | None = None) -> NoReturn:
     """Entry point of an installed plugin script: exits with the CNI exit status.
 
@@ -136,6 +165,7 @@ def main(plugin_type: str, target: str | None = None) -> NoReturn:
     ``os._exit`` once stdout is flushed: a one-shot plugin has nothing to finalise, and
     interpreter teardown would only add milliseconds to every call.
     """
+    _die_with_parent()
     plugin = _load(target) if target else builtin_plugin(plugin_type)
     if plugin is None:
         error = _error(f"unknown built-in plugin {plugin_type!r}", ErrorCode.INTERNAL)

@@ -170,11 +170,29 @@ def _attachment(value: str):
     metavar="CID:IFNAME",
     help="A still-valid attachment (repeatable). Without any, every cached attachment is stale, as cnitool.",
 )
+@click.option(
+    "--reconcile",
+    is_flag=True,
+    help="Collect what crashes and reboots left: DEL attachments whose netns is gone, then GC every plugin "
+    "with the other cached attachments valid (built-in plugins report what they removed). Prints a JSON report.",
+)
+@click.option("--dry-run", is_flag=True, help="With --reconcile: only report what would be collected.")
 @_common
-def gc(network: str, valid: tuple[str, ...], **opts: Any) -> None:
+def gc(network: str, valid: tuple[str, ...], reconcile: bool, dry_run: bool, **opts: Any) -> None:
     """GC NETWORK: DEL stale cached attachments, then GC every plugin."""
+    net = load_network(opts["conf_dir"], network)
+    if reconcile:
+        if valid:
+            raise click.UsageError("--reconcile finds the valid attachments itself: drop --valid")
+        report = _runtime(opts).reconcile_network_list(net, dry_run=dry_run)
+        click.echo(json.dumps(report.to_json(), indent=2))
+        if report.errors:
+            raise SystemExit(1)
+        return
+    if dry_run:
+        raise click.UsageError("--dry-run needs --reconcile")
     attachments = [_attachment(v) for v in valid] if valid else None
-    _runtime(opts).gc_network_list(load_network(opts["conf_dir"], network), attachments)
+    _runtime(opts).gc_network_list(net, attachments)
 
 
 @click.command()

@@ -86,6 +86,8 @@ __all__ = [
     "RESERVED_CHAINS",
     "CHAIN_NAME",
     "quote",
+    "chain_subnet",
+    "sections_for",
 ]
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -97,6 +99,20 @@ _NAT_POST = "{ type nat hook postrouting priority srcnat; policy accept; }"
 def _mangle(net: IPNetwork) -> str:
     # netavark's scheme: 10.88.0.0/16 -> 10_88_0_0_nm16, fd00::/64 -> fd00--_nm64
     return str(net.network_address).replace(".", "_").replace(":", "-") + f"_nm{net.prefixlen}"
+
+
+def chain_subnet(chain: str, prefix: str) -> IPNetwork | None:
+    """The subnet a ``<prefix><mangled subnet>`` chain (``masq-``, ``hairpin-``) was made for."""
+    if not chain.startswith(prefix):
+        return None
+    addr, sep, length = chain[len(prefix) :].rpartition("_nm")
+    if not sep:
+        return None
+    text = addr.replace("_", ".") if "_" in addr else addr.replace("-", ":")
+    try:
+        return ipaddress.ip_network(f"{text}/{length}")
+    except ValueError:
+        return None
 
 
 def _v(net: IPNetwork | ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
@@ -280,3 +296,22 @@ def spoofchk_elements(host_veth: str, mac: str) -> list[Element]:
         Element("spoofchk_ports", q, family="bridge"),
         Element("spoofchk_allowed", f"{q} . {mac}", family="bridge"),
     ]
+
+
+def sections_for(owner: str, elements: list[Element]) -> list[Section]:
+    """The sections an owner's elements need (their verdict maps jump to per-subnet chains)."""
+    base = {"masq": [MASQ], "portmap": [PORTMAP], "firewall": [FIREWALL], "spoofchk": [SPOOFCHK]}.get(owner, [])
+    out = list(base)
+    for e in elements:
+        target = (e.data or "").removeprefix("goto ")
+        if target == "hairpin-all":
+            section = HAIRPIN_ALL
+        elif (net := chain_subnet(target, "masq-")) is not None:
+            section = masq_subnet(net)
+        elif (net := chain_subnet(target, "hairpin-")) is not None:
+            section = hairpin_subnet(net)
+        else:
+            continue
+        if section not in out:
+            out.append(section)
+    return out

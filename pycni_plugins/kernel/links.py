@@ -50,6 +50,7 @@ __all__ = [
     "set_up",
     "set_down",
     "set_mac",
+    "set_master",
     "set_brport",
     "set_port_vlans",
     "delete_link",
@@ -222,19 +223,22 @@ def random_veth_name() -> str:
     return "veth" + secrets.token_hex(4)
 
 
-def ensure_bridge(ipr: IPRoute, name: str, *, mtu: int = 0, vlan_filtering: bool = False) -> tuple[Link, bool]:
+def ensure_bridge(
+    ipr: IPRoute, name: str, *, mtu: int = 0, vlan_filtering: bool = False, mac: str | None = None
+) -> tuple[Link, bool]:
     """The bridge ``name``, created if missing (a concurrent creator's EEXIST is fine).
 
     Returns the link and whether this call created it. An existing bridge's MTU and VLAN
     filtering are left as they are, as the reference plugin does. A kernel without VLAN
-    filtering refuses the whole request, so nothing is left behind.
+    filtering refuses the whole request, so nothing is left behind. A new bridge gets ``mac``
+    (default: a random one).
     """
     link = get_link(ipr, name)
     created = False
     if link is None:
         # An explicit MAC at creation makes it "set", so the kernel never swaps it for the lowest
         # port's MAC as ports come and go: every ADD sees, and reports, the same bridge MAC.
-        spec: dict[str, Any] = {"ifname": name, "kind": "bridge", "address": random_mac()}
+        spec: dict[str, Any] = {"ifname": name, "kind": "bridge", "address": mac or random_mac()}
         if vlan_filtering:
             spec["br_vlan_filtering"] = 1
         if mtu > 0:
@@ -287,6 +291,11 @@ def set_up(ipr: IPRoute, index: int, *, promisc: bool = False) -> None:
 
 def set_down(ipr: IPRoute, index: int) -> None:
     _call(ipr.link, "set", index=index, state="down")
+
+
+def set_master(ipr: IPRoute, index: int, master: int) -> None:
+    """Enslave the link to ``master`` (a bridge) and bring it up."""
+    _call(ipr.link, "set", index=index, master=master, state="up")
 
 
 def set_mac(ipr: IPRoute, index: int, mac: str) -> None:

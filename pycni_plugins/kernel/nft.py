@@ -13,11 +13,15 @@ Design (what and why)
   off the ADD/DEL path.
 * **One transaction.** An operation's changes are one ``Nftables.cmd`` call, which libnftables
   sends as one netlink batch: it applies completely or not at all.
-* **The skeleton is created lazily and race-free.** A :class:`Section` (chains, sets, maps and
-  rules that belong together) is created by one transaction that starts with ``create chain
-  <sentinel>``; if a concurrent caller created it first, the sentinel's EEXIST rolls ours back
-  whole. ADD does not pay for this: its transaction is sent optimistically and the sections are
-  ensured only when it fails for a missing object.
+* **The skeleton is created lazily, race-free, and repaired.** A :class:`Section` (chains,
+  sets, maps and rules that belong together) is created by one transaction that starts with
+  ``create chain <sentinel>``; if a concurrent caller created it first, the sentinel's EEXIST
+  rolls ours back whole. Before an ADD's transaction, and at most once a second per thread and
+  namespace (:data:`VERIFY_EVERY`), the sections are verified with a kernel-filtered netlink dump
+  of pycni's chains and rules (:mod:`.nfnl`; ~0.1 ms, no set element is read): a table deleted
+  or flushed behind our back (``nft flush ruleset``, a firewall reload) is rebuilt, lost rules
+  are put back. CHECK reports such damage precisely (:func:`check`, :func:`skeleton_problems`);
+  GC also puts back the recorded elements of the still-valid attachments (:func:`restore`).
 * **Who owns what.** Each element carries a ``comment`` naming its attachment
   (``<key> <owner> <network> <containerID> <ifname>``, where ``key`` hashes the (network, container
   ID, ifname) triple), and each (attachment, owner) has a record under the state dir listing its
@@ -28,7 +32,15 @@ Design (what and why)
 * **Deleting is "add, then delete" in one transaction.** nftables 1.0.6 has no ``destroy``: a
   plain delete of a missing element fails the batch. Adding the element first makes the pair a
   no-op when it is already gone, and when a *different* attachment now holds the key (a map
-  element with other data), the add fails with EEXIST and nothing of theirs is touched.
+  element with other data), the add fails with EEXIST and nothing of theirs is touched. (With
+  the *same* data, or in a plain set, the pair would delete the other holder's element: the
+  address is then the same, which the IPAM and the DEL order, elements before the lease, rule
+  out.) Symmetrically, ADD takes over an element a stale attachment left with the same data
+  ("add, delete, add with our comment"), so it never stays under the stale owner's comment.
+* **The state dir claims one table instance** (the ``epoch`` token, in the dir and in ``set inet
+  pycni epoch``): only then does DEL trust a missing record. A state dir claims a table only
+  when no other did (a lost state dir must not vouch for elements it has no record of), and
+  claims it again when the table had to be rebuilt.
 * **Map keys are exclusive.** Adding a map element whose key is held with different data fails
   with EEXIST; that is how a host port already published by another attachment is refused with
   no change (see :class:`ElementConflict`). Re-adding identical elements is a no-op, which makes
@@ -42,13 +54,16 @@ import os
 import re
 import secrets
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import attrs
 
 from pycni.errors import CNIError, ErrorCode
+from pycni.failpoints import failpoint
 
+from . import nfnl
 from .state import Records
 
 __all__ = [
@@ -67,6 +82,12 @@ __all__ = [
     "Found",
     "attachments",
     "remove",
+    "collect",
+    "skeleton_problems",
+    "repair",
+    "check",
+    "chains",
+    "restore",
 ]
 
 TABLE = "pycni"
@@ -77,6 +98,10 @@ _COMMENT_MAX = 127
 _READ_RETRIES = 50
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/@+=-]")
 _COMMENT = re.compile(r'comment "([^"]*)"')
+_RULE = re.compile(r"(?:add|insert) rule (\S+) \S+ (\S+) ")
+_JUMP = re.compile(r" jump (\S+)$")
+#: Seconds between two verifications of the skeleton (its rules) by one thread in one namespace.
+VERIFY_EVERY = 1.0
 
 
 class NftError(CNIError):
@@ -153,6 +178,19 @@ class Section:
     body: tuple[str, ...] = ()
     spec: str = ""
 
+    def rules(self) -> list[tuple[str, str]]:
+        """``(chain, command)`` of every rule the body adds (or inserts), in order."""
+        out = []
+        for command in self.body:
+            m = _RULE.match(command)
+            if m:
+                out.append((m.group(2), command))
+        return out
+
+    def structure(self) -> list[str]:
+        """The body's commands that are not rules (sets, maps, chains: all idempotent ``add``)."""
+        return [c for c in self.body if not _RULE.match(c)]
+
 
 _local = threading.local()
 
@@ -177,7 +215,7 @@ def _context() -> Any:
 
     ctx = nftables.Nftables()
     _local.ctx = (ident, ctx)
-    _local.ensured = set()
+    _local.ensured = {}
     return ctx
 
 
@@ -198,21 +236,31 @@ def run(commands: Iterable[str]) -> None:
 
 
 def ensure(sections: Iterable[Section], *, force: bool = False) -> None:
-    """Create each section unless its sentinel chain exists (concurrent creators are fine).
+    """Make each section whole: created unless its sentinel chain exists (concurrent creators
+    are fine), its lost rules put back (:func:`repair`).
 
-    Sections this thread already ensured in this namespace are skipped unless ``force``.
+    Sections this thread verified in this namespace less than :data:`VERIFY_EVERY` seconds ago
+    are skipped unless ``force``; a verification is one kernel-filtered dump of pycni's chains
+    and rules (no set element is read), so it costs the same whatever the sets hold.
     """
     _context()
-    done: set[tuple[str, str]] = _local.ensured
-    for s in sections:
-        if not force and (s.family, s.sentinel) in done:
-            continue
-        spec = f" {s.spec}" if s.spec else ""
-        try:
-            run([f"add table {s.family} {TABLE}", f"create chain {s.family} {TABLE} {s.sentinel}{spec}", *s.body])
-        except ElementConflict:
-            pass
-        done.add((s.family, s.sentinel))
+    done: dict[tuple[str, str], float] = _local.ensured
+    now = time.monotonic()
+    due = [s for s in sections if force or now - done.get((s.family, s.sentinel), -VERIFY_EVERY) >= VERIFY_EVERY]
+    if not due:
+        return
+    repair(due)
+    now = time.monotonic()
+    for s in due:
+        done[(s.family, s.sentinel)] = now
+
+
+def _create(s: Section) -> None:
+    spec = f" {s.spec}" if s.spec else ""
+    try:
+        run([f"add table {s.family} {TABLE}", f"create chain {s.family} {TABLE} {s.sentinel}{spec}", *s.body])
+    except ElementConflict:
+        pass
 
 
 def _commit(commands: list[str], sections: Sequence[Section]) -> None:
@@ -223,7 +271,10 @@ def _commit(commands: list[str], sections: Sequence[Section]) -> None:
     except NftError:
         if not sections:
             raise
+        # Something is missing: the table is new (first use, or someone deleted or flushed
+        # pycni's table), so the skeleton is rebuilt and the state dir may claim the table.
         ensure(sections, force=True)
+        _reclaim()
         run(commands)
 
 
@@ -243,20 +294,46 @@ def _epoch() -> str | None:
 
 def _store(attachment: Attachment, owner: str, elements: Iterable[Element]) -> None:
     if _epoch() is None:
-        # First record in this state dir: tie the dir to this table instance (see _authoritative).
-        token = secrets.token_hex(7)
-        run(
-            [
-                f"add table inet {TABLE}",
-                f"add set inet {TABLE} {_EPOCH} {{ type ifname; }}",
-                _epoch_element(token).add(),
-            ]
-        )
-        _RECORDS.store(_EPOCH, token)
+        _claim()
     _RECORDS.store(
         _record_name(attachment, owner),
         {"attachment": attrs.asdict(attachment), "owner": owner, "elements": [e.to_json() for e in elements]},
     )
+
+
+def _epoch_tokens() -> list[str] | None:
+    """The tokens in ``set inet pycni epoch`` (``None``: no such set). One tiny set is listed."""
+    rc, out, _ = _context().json_cmd(
+        {"nftables": [{"list": {"set": {"family": "inet", "table": TABLE, "name": _EPOCH}}}]}
+    )
+    if rc != 0:
+        return None
+    for obj in (out or {}).get("nftables", ()):
+        if "set" in obj:
+            return [e if isinstance(e, str) else str(e.get("elem", {}).get("val")) for e in obj["set"].get("elem", ())]
+    return []
+
+
+def _claim() -> None:
+    """First record in this state dir: tie the dir to this table instance (see _authoritative),
+    unless another state dir already claimed the table: then its elements may be recorded
+    elsewhere, and this dir never becomes authoritative (DEL without a record searches)."""
+    token = secrets.token_hex(7)
+    if not _RECORDS.create(_EPOCH, token):
+        return  # a concurrent first writer won; its token stands
+    if _epoch_tokens():
+        return
+    run([f"add table inet {TABLE}", f"add set inet {TABLE} {_EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
+
+
+def _reclaim() -> None:
+    """After the skeleton had to be rebuilt: when the table's epoch set is gone or empty (a new
+    table instance nobody claimed), every element in it was added since, with a record in this
+    state dir, so the dir's token is put back and DEL may trust a missing record again."""
+    token = _epoch()
+    if token is None or holder(_epoch_element(token)) is not None or _epoch_tokens():
+        return
+    run([f"add set inet {TABLE} {_EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
 
 
 def _drop(elements: Iterable[Element]) -> list[str]:
@@ -264,6 +341,13 @@ def _drop(elements: Iterable[Element]) -> list[str]:
     for e in elements:
         out += [e.add(), e.delete()]
     return out
+
+
+def _take(element: Element, comment: str) -> list[str]:
+    # add (fails with EEXIST if someone holds the key with other data), delete, add with our
+    # comment: an element left behind by a stale attachment with the same data (an address
+    # reused after a crash) becomes ours instead of staying under the stale comment.
+    return [element.add(), element.delete(), element.add(comment)]
 
 
 def apply(
@@ -279,15 +363,19 @@ def apply(
     in the same transaction. The record is written before the commit (listing old and new), so a
     crash in between can leak nothing a later DEL would not find. ``shared`` elements (e.g. a
     bridge's isolation entries) are added in the same transaction but belong to no attachment:
-    they are neither recorded nor commented, and no DEL removes them.
+    they are neither recorded nor commented, and no DEL removes them. A wanted element that is
+    already there under another attachment's comment with the same data is taken over.
     """
+    if sections:
+        ensure(sections)  # a no-op within VERIFY_EVERY of the last verification
     old = _load(attachment, owner) or []
     wanted = list(dict.fromkeys(elements))
     stale = [e for e in old if e not in wanted]
     _store(attachment, owner, [*stale, *wanted])
+    failpoint(f"nft.apply.{owner}.after-record")
     comment = attachment.comment(owner)
     try:
-        _commit([*_drop(stale), *(e.add(comment) for e in wanted), *(e.add() for e in shared)], sections)
+        _commit([*_drop(stale), *(c for e in wanted for c in _take(e, comment)), *(e.add() for e in shared)], sections)
     except BaseException:
         if old:
             _store(attachment, owner, old)
@@ -329,6 +417,7 @@ def release(owner: str, attachment: Attachment) -> None:
                     run(_drop([e]))
                 except NftError:
                     continue
+    failpoint(f"nft.release.{owner}.after-commit")
     _RECORDS.remove(_record_name(attachment, owner))
 
 
@@ -422,8 +511,12 @@ def attachments() -> dict[str, dict[str, Any]]:
     "elements": {owner: [{"family", "set", "key", "data"}, ...]}}}``; a key with a record but
     no elements is listed too.
     """
+    return _groups(_listing())
+
+
+def _groups(listing: Iterable[Found]) -> dict[str, dict[str, Any]]:
     groups: dict[str, dict[str, Any]] = {}
-    for f in _listing():
+    for f in listing:
         parts = f.comment.split(" ")
         group = groups.setdefault(parts[0], {"comment": f.comment, "record": None, "elements": {}})
         group["elements"].setdefault(parts[1] if len(parts) > 1 else "", []).append(f.to_json())
@@ -519,3 +612,256 @@ def remove_container(network: str, container_id: str) -> list[str]:
         if name != _EPOCH and name.split(".", 1)[0] in keys and _RECORDS.remove(name):
             removed.append(f"pycni state record nft/{name}")
     return removed
+
+
+# -- the skeleton: verified by a kernel-filtered dump, repaired in place ---------------------------
+#
+# libnftables reads every set element of the table for any "list" of rules (and for deletes and
+# replaces), so the rules are read with a plain netlink dump instead (:mod:`.nfnl`): the kernel
+# dumps the chains and rules of table pycni alone, which costs the same whatever the sets hold.
+
+
+def _netlink_dump(family: str) -> dict[str, list[nfnl.Rule]] | None:
+    """chain name -> its rules in ``table <family> pycni``; ``None`` when there is no such table."""
+    try:
+        if TABLE not in nfnl.tables(family):
+            return None
+        out: dict[str, list[nfnl.Rule]] = {name: [] for name in nfnl.chains(family, TABLE)}
+        for rule in nfnl.rules(family, TABLE):
+            out.setdefault(rule.chain, []).append(rule)
+        return out
+    except nfnl.NetlinkError as e:
+        raise NftError(f"cannot read table {family} {TABLE}: {e.strerror}") from None
+
+
+def _jump_target(rule: nfnl.Rule) -> str | None:
+    return rule.jump
+
+
+@attrs.frozen
+class _Damage:
+    section: Section
+    problems: tuple[str, ...]
+    fix: tuple[str, ...]  # empty: the section is created whole
+
+
+def _diagnose(section: Section, chains: dict[str, list[Any]] | None) -> _Damage | None:
+    where = f"table {section.family} {TABLE}"
+    if chains is None:
+        return _Damage(section, (f"{where} is missing",), ())
+    if section.sentinel not in chains:
+        return _Damage(section, (f"chain {section.sentinel} of {where} is missing",), ())
+    problems: list[str] = []
+    fix: list[str] = []
+    by_chain: dict[str, list[str]] = {}
+    for chain, command in section.rules():
+        by_chain.setdefault(chain, []).append(command)
+    for chain, commands in by_chain.items():
+        have = chains.get(chain)
+        jumps = [c for c in commands if _JUMP.search(c)]
+        plain = [c for c in commands if c not in jumps]
+        if have is None:
+            problems.append(f"chain {chain} of {where} is missing")
+            fix += [*plain, *jumps]  # the chain itself comes back with the section's structure
+            continue
+        targets = [t for t in map(_jump_target, have) if t]
+        own = [r for r in have if not _jump_target(r)]
+        if len(own) < len(plain):
+            problems.append(f"chain {chain} of {where} has {len(own)} of its {len(plain)} rules")
+            kept = [t for t in dict.fromkeys(targets) if not any(c.endswith(f" jump {t}") for c in jumps)]
+            fix += [f"flush chain {section.family} {TABLE} {chain}", *plain]
+            fix += [f"insert rule {section.family} {TABLE} {chain} jump {t}" for t in kept]
+            targets = []
+        for command in jumps:
+            target = _JUMP.search(command).group(1)
+            if target not in targets:
+                problems.append(f"chain {chain} of {where} has lost its jump to {target}")
+                fix.append(command)
+    if not problems:
+        return None
+    return _Damage(section, tuple(problems), (f"add table {section.family} {TABLE}", *section.structure(), *fix))
+
+
+def _damage(sections: Iterable[Section]) -> list[_Damage]:
+    dumps: dict[str, dict[str, list[Any]] | None] = {}
+    found = []
+    for section in sections:
+        if section.family not in dumps:
+            dumps[section.family] = _netlink_dump(section.family)
+        damage = _diagnose(section, dumps[section.family])
+        if damage is not None:
+            found.append(damage)
+    return found
+
+
+def skeleton_problems(sections: Iterable[Section]) -> list[str]:
+    """What is missing of ``sections`` (tables, chains, rules, admin jumps), for CHECK."""
+    return [p for d in _damage(sections) for p in d.problems]
+
+
+def chains(family: str) -> list[str]:
+    """The chains of ``table <family> pycni`` (none when there is no table)."""
+    return sorted(_netlink_dump(family) or ())
+
+
+def repair(sections: Iterable[Section], *, create: bool = True) -> list[str]:
+    """Create missing sections and put back lost rules (a chain short of rules is flushed and
+    refilled, keeping the admin-chain jumps it has); returns what was wrong. Idempotent, so
+    concurrent repairers converge. Sections are handled in the order given. Without
+    ``create``, only sections whose sentinel chain exists are repaired."""
+    sections = list(sections)
+    repaired: list[str] = []
+    for attempt in (1, 2):
+        try:
+            for damage in _damage(sections):
+                if damage.fix:
+                    run(damage.fix)
+                elif create:
+                    _create(damage.section)
+                else:
+                    continue
+                repaired += damage.problems
+            return repaired
+        except NftError:
+            if attempt == 2:
+                raise  # a concurrent change twice in a row: give up
+    return repaired
+
+
+# -- CHECK: precise about what is missing -----------------------------------------------------------
+
+
+def _netlink_sets(family: str) -> set[str] | None:
+    """The sets and maps of ``table <family> pycni`` (``None``: no such table); no element is read."""
+    try:
+        if TABLE not in nfnl.tables(family):
+            return None
+        return nfnl.sets(family, TABLE)
+    except nfnl.NetlinkError as e:
+        raise NftError(f"cannot read table {family} {TABLE}: {e.strerror}") from None
+
+
+def check(attachment: Attachment, elements: Iterable[Element], sections: Iterable[Section] = ()) -> str | None:
+    """Why the attachment's ``elements`` and the ``sections`` they need are not all in place
+    (the first problem found, as text), or ``None``. O(1) in the number of containers."""
+    problems = skeleton_problems(sections)
+    if problems:
+        return problems[0]
+    prefix = attachment.key + " "
+    sets: dict[str, set[str] | None] = {}
+    for e in elements:
+        held = holder(e)
+        if held is not None and held.startswith(prefix):
+            continue
+        kind = "set" if e.data is None else "map"
+        where = f"table {e.family} {TABLE}"
+        if held is not None:
+            owner = " ".join(held.split(" ")[2:]) or "no attachment"
+            return f"element {e.key} of {kind} {e.set} of {where} belongs to another attachment ({owner})"
+        if e.family not in sets:
+            sets[e.family] = _netlink_sets(e.family)
+        found = sets[e.family]
+        if found is None:
+            return f"{where} is missing"
+        if e.set not in found:
+            return f"{kind} {e.set} of {where} is missing"
+        return f"element {e.key} is missing from {kind} {e.set} of {where}"
+    return None
+
+
+# -- GC ---------------------------------------------------------------------------------------------
+
+
+def _network_of(group: dict[str, Any]) -> str | None:
+    record = group.get("record")
+    if isinstance(record, dict):
+        return record.get("network")
+    parts = group.get("comment", "").split(" ")
+    return parts[2] if len(parts) > 2 else None
+
+
+def _who(group: dict[str, Any]) -> str:
+    record = group.get("record")
+    if isinstance(record, dict):
+        return f"{record.get('container_id')}/{record.get('ifname')}"
+    parts = group.get("comment", "").split(" ")
+    return "/".join(parts[3:5]) if len(parts) > 3 else "an unknown attachment"
+
+
+def collect(
+    network: str, valid: Iterable[tuple[str, str]], owners: Iterable[str], *, dry_run: bool = False
+) -> list[str]:
+    """GC: remove the elements and state records, of ``owners``, of every attachment of
+    ``network`` whose (container ID, ifname) is not in ``valid``; returns what was (or, with
+    ``dry_run``, would be) removed. One listing of pycni's tables (O(n)) and one transaction."""
+    keep = {Attachment(network, cid, ifname).key for cid, ifname in valid}
+    wanted = set(owners)
+    doomed: list[Found] = []
+    records: list[str] = []
+    described: list[str] = []
+    listing = _listing()
+    groups = _groups(listing)
+    for key, group in groups.items():
+        if key in keep or _network_of(group) != network:
+            continue
+        who = _who(group)
+        for f in listing:
+            parts = f.comment.split(" ")
+            if parts[0] == key and len(parts) > 1 and parts[1] in wanted:
+                doomed.append(f)
+                described.append(f"{_describe(f)} of {who}")
+        for owner in wanted:
+            name = f"{key}.{owner}"
+            if _RECORDS.load(name) is not None:
+                records.append(name)
+                described.append(f"pycni state record nft/{name} of {who}")
+    if not dry_run:
+        _remove_found(doomed)
+        for name in records:
+            _RECORDS.remove(name)
+    return described
+
+
+def restore(
+    network: str,
+    valid: Iterable[tuple[str, str]],
+    owner: str,
+    sections_for: Any,
+) -> list[str]:
+    """GC's repair: put back the recorded elements, of ``owner``, of the valid attachments of
+    ``network`` that are missing from the table (someone deleted or flushed it); returns what
+    was restored. ``sections_for(elements)`` names the sections they need (created if missing).
+    An element whose key someone else holds now is left alone (reported as not restored)."""
+    keep = {Attachment(network, cid, ifname).key for cid, ifname in valid}
+    out: list[str] = []
+    names = [n for n in _RECORDS.names() if n.partition(".")[2] == owner and n.partition(".")[0] in keep]
+    present: dict[str, int] = {}
+    if names:
+        for f in _listing():  # one listing tells which attachments have all their elements
+            parts = f.comment.split(" ")
+            if len(parts) > 1 and parts[1] == owner:
+                present[parts[0]] = present.get(parts[0], 0) + 1
+    for name in names:
+        key = name.partition(".")[0]
+        rec = _RECORDS.load(name)
+        if not isinstance(rec, dict) or not isinstance(rec.get("attachment"), dict):
+            continue
+        att = Attachment(**rec["attachment"])
+        if att.network != network:
+            continue
+        elements = [Element.from_json(r) for r in rec.get("elements", ())]
+        if present.get(key, 0) >= len(elements):
+            continue
+        missing_ = [e for e in elements if holder(e) is None]
+        if not missing_:
+            continue
+        who = f"{att.container_id}/{att.ifname}"
+        try:
+            ensure(sections_for(missing_), force=True)
+            _reclaim()
+            run([e.add(att.comment(owner)) for e in missing_])
+        except NftError as e:
+            out.append(f"could not restore {len(missing_)} {owner} element(s) of {who}: {e.msg}")
+            continue
+        out += [f"restored {e.family} {TABLE} {e.set} element {e.key} ({owner}) of {who}" for e in missing_]
+    return out

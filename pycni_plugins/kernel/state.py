@@ -101,6 +101,25 @@ class Records:
                     os.unlink(tmp, dir_fd=d)
                 raise
 
+    def create(self, name: str, data: Any) -> bool:
+        """Write the record only if there is none (atomically: the first of racing writers
+        wins); False when it already existed."""
+        payload = json.dumps(data, separators=(",", ":")).encode()
+        with self._dir(create=True) as d:
+            tmp = f".{_check_name(name)}.{secrets.token_hex(4)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(payload)
+                try:
+                    os.link(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+                except FileExistsError:
+                    return False
+                return True
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=d)
+
     def remove(self, name: str) -> bool:
         with self._dir(create=False) as d:
             if d is None:

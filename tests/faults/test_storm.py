@@ -1,7 +1,9 @@
 """A storm: hundreds of containers, ADD/CHECK/DEL interleaved by 16 worker processes in random
-order, with workers SIGKILLed at failpoints at a rate. Afterwards the invariants hold: no address
-was ever handed out twice, every live container is reachable, nothing is left of deleted ones,
-and pycni's nftables elements are exactly the live attachments'.
+order, with workers SIGKILLed at failpoints at a rate, in the runtime and inside the in-process
+plugins (every failpoint of ADD and DEL, see ``test_crash_points``). Afterwards the invariants
+hold: no address was ever handed out twice, every live container is reachable, nothing is left
+of deleted ones, pycni's nftables elements are exactly the live attachments', and a reconcile
+(dry run) finds nothing to collect.
 
 Crashed operations are recovered as an orchestrator would: a DEL of that container follows.
 ``PYCNI_STORM_CONTAINERS`` (default 500) and ``PYCNI_STORM_REPORT`` (a JSON path) tune it.
@@ -10,6 +12,7 @@ Crashed operations are recovered as an orchestrator would: a DEL of that contain
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import random
@@ -23,6 +26,8 @@ from typing import Any
 import pytest
 
 from pycni import netns, testing
+from tests.faults.test_crash_points import ADD_FAILPOINTS as ADD_POINTS
+from tests.faults.test_crash_points import DEL_FAILPOINTS as DEL_POINTS
 from tests.helpers.kernel import links
 
 pytestmark = pytest.mark.privileged
@@ -31,10 +36,15 @@ CONTAINERS = int(os.environ.get("PYCNI_STORM_CONTAINERS", "500"))
 WORKERS = 16
 FAULT_RATE = 0.06
 SEED = int(os.environ.get("PYCNI_STORM_SEED", "20261130"))
-ADD_FAILPOINTS = [f"runtime.add.before-plugin=kill@{k}" for k in (1, 2, 3, 4)] + ["runtime.add.before-cache-write=kill"]
-DEL_FAILPOINTS = [f"runtime.del.before-plugin=kill@{k}" for k in (1, 2, 3, 4)] + [
-    "runtime.del.before-cache-delete=kill"
-]
+
+
+def _kill(point: str) -> str:
+    name, _, nth = point.partition("@")
+    return f"{name}=kill@{nth or 1}"
+
+
+ADD_FAILPOINTS = [_kill(p) for p in ADD_POINTS]
+DEL_FAILPOINTS = [_kill(p) for p in DEL_POINTS]
 WORKER = [sys.executable, "-m", "tests.faults.storm_worker"]
 
 
@@ -50,6 +60,7 @@ def conflist(data_dir: str) -> str:
                     "bridge": "storm0",
                     "isGateway": True,
                     "ipMasq": True,
+                    "macspoofchk": True,
                     "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.18.0.0/16"}]], "dataDir": data_dir},
                 },
                 {"type": "firewall"},
@@ -92,6 +103,7 @@ def next_op(state: str, rng: random.Random, left: int) -> str | None:
 
 
 def test_storm(host_ns, tmp_path, monkeypatch):
+    began = time.monotonic()
     rng = random.Random(SEED)
     state_dir, data_dir, cache_dir = tmp_path / "state", tmp_path / "ipam", tmp_path / "cache"
     monkeypatch.setenv("PYCNI_STATE_DIR", str(state_dir))
@@ -111,9 +123,13 @@ def test_storm(host_ns, tmp_path, monkeypatch):
         ips: dict[int, list[str]] = {}
         holds: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
         counts = collections.Counter()
+        killed_at: collections.Counter = collections.Counter()
         history: dict[int, list[str]] = collections.defaultdict(list)
         pending = list(range(CONTAINERS))
         rng.shuffle(pending)
+        # Every failpoint in turn (in a shuffled order), so that each is crashed at a few times.
+        add_points = itertools.cycle(rng.sample(ADD_FAILPOINTS, len(ADD_FAILPOINTS)))
+        del_points = itertools.cycle(rng.sample(DEL_FAILPOINTS, len(DEL_FAILPOINTS)))
 
         workers = [Worker(argv, env) for _ in range(WORKERS)]
         sel = selectors.DefaultSelector()
@@ -135,7 +151,7 @@ def test_storm(host_ns, tmp_path, monkeypatch):
                     "ports": [{"hostPort": 20000 + i, "containerPort": 80, "protocol": "tcp"}],
                 }
                 if op != "check" and rng.random() < FAULT_RATE:
-                    task["failpoints"] = rng.choice(ADD_FAILPOINTS if op == "add" else DEL_FAILPOINTS)
+                    task["failpoints"] = next(add_points if op == "add" else del_points)
                 w.send(task)
                 return
             w.task = None
@@ -154,6 +170,7 @@ def test_storm(host_ns, tmp_path, monkeypatch):
                 history[i].append(f"{task['op']}{'!' + task['failpoints'] if 'failpoints' in task else ''}")
                 if not line:  # the worker was killed at a failpoint
                     counts["faults"] += 1
+                    killed_at[task["failpoints"].replace("=kill", "")] += 1
                     sel.unregister(w.proc.stdout)
                     w.proc.wait()
                     assert w.proc.returncode == -9, f"worker died unexpectedly ({w.proc.returncode})"
@@ -180,7 +197,14 @@ def test_storm(host_ns, tmp_path, monkeypatch):
                 dispatch(w)
 
         live = {i for i, s in state.items() if s == "live"}
-        report = {"containers": CONTAINERS, "workers": WORKERS, "operations": dict(counts), "live": len(live)}
+        report = {
+            "containers": CONTAINERS,
+            "workers": WORKERS,
+            "operations": dict(counts),
+            "live": len(live),
+            "failpoints_hit": len(killed_at),
+            "killed_at": dict(sorted(killed_at.items())),
+        }
 
         # 1. no address handed to a second container while the first still held it
         duplicates = []
@@ -196,9 +220,12 @@ def test_storm(host_ns, tmp_path, monkeypatch):
             for f in (data_dir / "storm").iterdir()
             if f.name[0].isdigit()
         }
+        from pycni.config import conflist_from_bytes
         from pycni.runtime import Runtime
 
-        cached = {a.container_id for a in Runtime([], cache_dir=str(cache_dir)).get_cached_attachments()}
+        runtime = Runtime([], cache_dir=str(cache_dir), backend="inprocess", host_netns=host_ns.path)
+        cached = {a.container_id for a in runtime.get_cached_attachments()}
+        reconcile = runtime.reconcile_network_list(conflist_from_bytes(conflist(str(data_dir)).encode()), dry_run=True)
         veths = [n for n, link in links(host_ns.path).items() if link["master"] == "storm0"]
         from pycni_plugins.kernel import nft
 
@@ -210,6 +237,12 @@ def test_storm(host_ns, tmp_path, monkeypatch):
             if "map" in obj and obj["map"]["name"] == "hostports4"
         )
         live_ids = {cid[i] for i in live}
+        recorded = collections.defaultdict(set)  # kind -> container IDs with a state record
+        for kind in ("bridge", "nft"):
+            directory = state_dir / kind
+            for f in directory.iterdir() if directory.exists() else ():
+                if not f.name.startswith(".") and f.name != "epoch":
+                    recorded[kind].add(json.loads(f.read_text())["attachment"]["container_id"])
         leaks = {
             "duplicate_addresses": duplicates,
             "unreachable": unreachable,
@@ -217,11 +250,15 @@ def test_storm(host_ns, tmp_path, monkeypatch):
             "missing_leases": sorted(live_ids - set(leases.values())),
             "stale_cache": sorted(cached - live_ids),
             "stale_nft_owners": sorted(owners - live_ids),
+            "stale_records": sorted((recorded["bridge"] | recorded["nft"]) - live_ids),
+            "missing_records": sorted(live_ids - recorded["bridge"]),
             "veths_vs_live": [len(veths), len(live)] if len(veths) != len(live) else [],
             "hostport_elements_vs_live": [hostports, len(live)] if hostports != len(live) else [],
+            "reconcile_would_collect": list(reconcile.collected + reconcile.stale_attachments + reconcile.errors),
         }
         report["leaks"] = {k: len(v) for k, v in leaks.items()}
-        print(json.dumps(report))
+        report["seconds"] = round(time.monotonic() - began, 1)
+        print("\nstorm report: " + json.dumps(report))
         if os.environ.get("PYCNI_STORM_REPORT"):
             Path(os.environ["PYCNI_STORM_REPORT"]).write_text(json.dumps(report, indent=2))
         assert counts["faults"] > 0, "the storm injected no faults"

@@ -152,3 +152,16 @@ def test_cli_does_not_import_pyroute2_for_runtime_verbs(env):
         "assert 'pyroute2' not in sys.modules, 'pyroute2 imported'"
     )
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
+
+
+def test_gc_reconcile_prints_its_report_and_dry_run_changes_nothing(env, fake_plugins):
+    run(["add", "testnet", "/run/netns/does-not-exist"], env)
+    dry = run(["gc", "testnet", "--reconcile", "--dry-run"], env)
+    assert dry.exit_code == 0, dry.output
+    report = json.loads(dry.output)
+    assert report["dryRun"] and report["staleAttachments"][0].startswith(container_id_for("/run/netns/does-not-exist"))
+    assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()] == ["ADD", "ADD"]
+    real = json.loads(run(["gc", "testnet", "--reconcile"], env).output)
+    assert real["staleAttachments"] and not real["dryRun"]
+    assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()][2:] == ["DEL", "DEL", "GC", "GC"]
+    assert run(["gc", "testnet", "--dry-run"], env).exit_code == 2

@@ -437,10 +437,13 @@ class TestReconcile:
         monkeypatch.setattr("pycni.backends.builtin_plugin", lambda t: collector if t == "fake-a" else None)
         runtime = Runtime([str(fake_plugins.dir)], cache_dir=str(tmp_path / "c"), backend="auto")
         n = net(fake_plugins, fake_plugins.plugin("fake-a"), fake_plugins.plugin("fake-b"), version="0.4.0")
-        alive_ns = tmp_path / "alive-netns"
-        alive_ns.write_text("")
-        runtime.add_network_list(n, RuntimeConf("alive", str(alive_ns)))
-        runtime.add_network_list(n, RuntimeConf("dead", str(tmp_path / "gone-netns")))
+        alive, leftover = tmp_path / "alive-netns", tmp_path / "netns-file-left-after-reboot"
+        alive.write_text("")
+        leftover.write_text("")
+        # only a real namespace counts (the kernel test proves is_netns itself)
+        monkeypatch.setattr("pycni.netns.is_netns", lambda path: path == str(alive))
+        runtime.add_network_list(n, RuntimeConf("alive", str(alive)))
+        runtime.add_network_list(n, RuntimeConf("dead", str(leftover)))
         return runtime, n, collector
 
     def test_attachments_whose_netns_is_gone_are_deleted_and_plugins_gc_the_rest(self, setup, fake_plugins):

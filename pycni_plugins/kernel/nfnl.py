@@ -1,0 +1,99 @@
+"""Read pycni's nftables skeleton from the kernel: tables, chains, rules, set names.
+
+libnftables reads every element of every set of a table for any ``list`` of rules (and for a
+delete or replace), which makes a look at the rules O(containers). A netlink dump of rules (or
+chains, or set definitions) never touches an element, so the skeleton checks use pyroute2's
+nfnetlink dumps instead and read only what they need: a rule's chain and the chain its ``jump``
+goes to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+__all__ = ["NetlinkError", "Rule", "tables", "chains", "rules", "sets", "FAMILIES"]
+
+#: nfgen_family (NFPROTO_*) of the families pycni has tables in.
+FAMILIES = {"inet": 1, "bridge": 7}
+
+
+class NetlinkError(OSError):
+    """The kernel refused a dump request (``errno`` is its error)."""
+
+
+@contextmanager
+def _socket(family: str) -> Iterator[Any]:
+    from pyroute2.netlink.exceptions import NetlinkError as PyrouteError
+    from pyroute2.nftables.main import NFTables
+
+    try:
+        nft = NFTables(nfgen_family=FAMILIES[family])
+    except OSError as e:
+        raise NetlinkError(e.errno, f"nfnetlink: {e.strerror}") from None
+    try:
+        yield nft
+    except PyrouteError as e:
+        raise NetlinkError(e.code, f"nfnetlink dump: {e}") from None
+    finally:
+        nft.close()
+
+
+def _dump(family: str, what: Callable[[Any], Any], table_attr: str, name_attr: str, table: str | None) -> list[Any]:
+    with _socket(family) as nft:
+        return [
+            m
+            for m in what(nft)
+            if table is None or m.get_attr(table_attr) == table
+            if m.get_attr(name_attr) is not None
+        ]
+
+
+def tables(family: str) -> set[str]:
+    """Names of the tables of ``family``."""
+    msgs = _dump(family, lambda n: n.get_tables(), "NFTA_TABLE_NAME", "NFTA_TABLE_NAME", None)
+    return {m.get_attr("NFTA_TABLE_NAME") for m in msgs}
+
+
+def chains(family: str, table: str) -> set[str]:
+    """Names of the chains of ``table <family> <table>``."""
+    msgs = _dump(family, lambda n: n.get_chains(), "NFTA_CHAIN_TABLE", "NFTA_CHAIN_NAME", table)
+    return {m.get_attr("NFTA_CHAIN_NAME") for m in msgs}
+
+
+def sets(family: str, table: str) -> set[str]:
+    """Names of the sets and maps of ``table <family> <table>`` (no element is read)."""
+    msgs = _dump(family, lambda n: n.get_sets(), "NFTA_SET_TABLE", "NFTA_SET_NAME", table)
+    return {m.get_attr("NFTA_SET_NAME") for m in msgs}
+
+
+class Rule:
+    """A rule as the skeleton checks see it: its chain, and the chain its ``jump`` goes to."""
+
+    __slots__ = ("chain", "jump")
+
+    def __init__(self, chain: str, jump: str | None) -> None:
+        self.chain = chain
+        self.jump = jump
+
+    def __repr__(self) -> str:
+        return f"Rule({self.chain!r}, jump={self.jump!r})"
+
+
+def _jump(expressions: Any) -> str | None:
+    for expr in expressions or ():
+        if expr.get_attr("NFTA_EXPR_NAME") != "immediate":
+            continue
+        data = expr.get_attr("NFTA_EXPR_DATA")
+        value = data.get_attr("NFTA_IMMEDIATE_DATA") if data is not None else None
+        verdict = value.get_attr("NFTA_DATA_VERDICT") if value is not None else None
+        if verdict is not None and verdict.get_attr("NFTA_VERDICT_CODE") == "NFT_JUMP":
+            return verdict.get_attr("NFTA_VERDICT_CHAIN")
+    return None
+
+
+def rules(family: str, table: str) -> list[Rule]:
+    """Every rule of ``table <family> <table>``, in chain order."""
+    msgs = _dump(family, lambda n: n.get_rules(), "NFTA_RULE_TABLE", "NFTA_RULE_CHAIN", table)
+    return [Rule(m.get_attr("NFTA_RULE_CHAIN"), _jump(m.get_attr("NFTA_RULE_EXPRESSIONS"))) for m in msgs]

@@ -1,0 +1,305 @@
+"""GC and STATUS of the built-in plugins, and the nftables layer's GC, repair and epoch rules.
+
+GC (spec 1.1): everything of the network whose (containerID, ifname) is not in
+``cni.dev/valid-attachments`` goes; ``pycni.dev/dry-run`` only reports; a built-in plugin
+returns ``{"removed": [...]}``. Other networks' state is never touched.
+"""
+
+from __future__ import annotations
+
+import io
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pycni.errors import CNIError, ErrorCode
+from pycni.plugin import PluginRequest
+from pycni_plugins import host_local
+from pycni_plugins.bridge import BridgePlugin
+from pycni_plugins.firewall import FirewallPlugin
+from pycni_plugins.host_local import HostLocalPlugin
+from pycni_plugins.kernel import layout, nft
+from pycni_plugins.portmap import PortmapPlugin
+from pycni_plugins.skel import run as skel_run
+
+pytestmark = pytest.mark.privileged
+
+V4 = [{"subnet": "198.18.70.0/24"}]
+
+
+def _gc(conf: dict, valid: list[tuple[str, str]] | None, *, dry: bool = False) -> PluginRequest:
+    config = {k: v for k, v in conf.items() if k not in ("prevResult", "runtimeConfig")}
+    config["cniVersion"] = "1.1.0"
+    if valid is not None:
+        config["cni.dev/valid-attachments"] = [{"containerID": c, "ifname": i} for c, i in valid]
+    if dry:
+        config["pycni.dev/dry-run"] = True
+    return PluginRequest("GC", config, path=("/usr/lib/cni",))
+
+
+def _lease_files(tmp_path, network: str = "testnet") -> dict[str, bytes]:
+    d = tmp_path / "ipam" / network
+    return {p.name: p.read_bytes() for p in d.iterdir() if p.name[0].isdigit()} if d.exists() else {}
+
+
+def _ipam(tmp_path, network: str = "testnet") -> dict:
+    return {
+        "cniVersion": "1.1.0",
+        "name": network,
+        "ipam": {"type": "host-local", "ranges": [V4], "dataDir": str(tmp_path / "ipam")},
+    }
+
+
+# -- host-local --------------------------------------------------------------------------------
+
+
+def test_host_local_gc_releases_leases_of_unknown_attachments(host, kit, tmp_path):
+    plugin = HostLocalPlugin()
+    conf = _ipam(tmp_path)
+    for cid, ifname in (("a", "eth0"), ("a", "eth1"), ("b", "eth0"), ("c", "eth0")):
+        plugin.handle(kit.request("ADD", conf, cid, "", ifname))
+    d = tmp_path / "ipam" / "testnet"
+    (d / "198.18.70.99").write_bytes(b"legacy")  # a bare-ID lease (old Go format)
+    (d / "198.18.70.98").write_bytes(b"a")  # a bare-ID lease of a container that is still valid
+    (d / "notes.txt").write_bytes(b"not a lease")  # not named by an IP: never touched
+
+    before = _lease_files(tmp_path)
+    dry = plugin.handle(_gc(conf, [("a", "eth0"), ("c", "eth0")], dry=True))
+    assert _lease_files(tmp_path) == before
+    out = plugin.handle(_gc(conf, [("a", "eth0"), ("c", "eth0")]))
+    assert out == dry
+    assert sorted(out["removed"]) == [
+        "host-local lease 198.18.70.3 of a/eth1 (network testnet)",
+        "host-local lease 198.18.70.4 of b/eth0 (network testnet)",
+        "host-local lease 198.18.70.99 of legacy (legacy lease) (network testnet)",
+    ]
+    assert sorted(_lease_files(tmp_path)) == ["198.18.70.2", "198.18.70.5", "198.18.70.98"]
+    assert (d / "notes.txt").exists()
+    # Absent valid-attachments: none is valid (cnitool's GC, after it DEL'd every cached one).
+    plugin.handle(_gc(conf, None))
+    assert _lease_files(tmp_path) == {}
+
+
+def test_host_local_gc_keeps_the_lease_cache_coherent(host, kit, tmp_path, monkeypatch):
+    """In a long-lived process the leases are cached (inotify); GC's unlinks reach the cache, so
+    a GC'd attachment can be added again (no "duplicate allocation") and its address reused."""
+    monkeypatch.setattr(host_local, "_stores_opened", 10)  # the cache is on from the first store
+    plugin = HostLocalPlugin()
+    conf = _ipam(tmp_path) | {"ipam": _ipam(tmp_path)["ipam"] | {"ranges": [[{"subnet": "198.18.71.0/30"}]]}}
+    first = plugin.handle(kit.request("ADD", conf, "a", ""))["ips"][0]["address"]
+    with pytest.raises(CNIError, match="no IP addresses available"):
+        plugin.handle(kit.request("ADD", conf, "b", ""))  # a /30 holds one address
+    plugin.handle(kit.request("CHECK", conf, "a", ""))
+    assert plugin.handle(_gc(conf, []))["removed"] == ["host-local lease 198.18.71.2 of a/eth0 (network testnet)"]
+    with pytest.raises(CNIError, match="Failed to find address added by container a"):
+        plugin.handle(kit.request("CHECK", conf, "a", ""))
+    assert plugin.handle(kit.request("ADD", conf, "a", ""))["ips"][0]["address"] == first
+
+
+# -- bridge ----------------------------------------------------------------------------------------
+
+
+def _attach(kit, make_netns, conf: dict, cid: str) -> tuple[object, dict]:
+    ns = make_netns("c")
+    return ns, BridgePlugin().handle(kit.request("ADD", conf, cid, ns.path))
+
+
+def test_bridge_gc_collects_veths_elements_records_and_leases(host, make_netns, kit, tmp_path, state_dir):
+    conf = kit.bridge_conf(tmp_path, V4, macspoofchk=True)
+    conf["cniVersion"] = "1.1.0"
+    other = kit.bridge_conf(tmp_path, [{"subnet": "198.18.73.0/24"}], macspoofchk=True)
+    other.update(cniVersion="1.1.0", name="othernet", isGateway=False, isDefaultGateway=False)  # same bridge
+    ns_a, ra = _attach(kit, make_netns, conf, "a")
+    ns_b, rb = _attach(kit, make_netns, conf, "b")
+    ns_o, ro = _attach(kit, make_netns, other, "b")  # same container ID, other network
+    foreign = make_netns("c")  # a veth pycni has no record of, on the same bridge
+    ip = ["ip", "-n", host.name, "link"]
+    subprocess.run(
+        [*ip, "add", "vethforeign", "type", "veth", "peer", "name", "eth9", "netns", foreign.name], check=True
+    )
+    subprocess.run([*ip, "set", "vethforeign", "master", "pbr0", "up"], check=True)
+    veth_b = rb["interfaces"][1]["name"]
+
+    dry = BridgePlugin().handle(_gc(conf, [("a", "eth0")], dry=True))
+    assert veth_b in kit.links_in(host.path)
+    removed = BridgePlugin().handle(_gc(conf, [("a", "eth0")]))["removed"]
+    assert removed == dry["removed"]
+    text = "\n".join(removed)
+    assert f"host veth {veth_b} of b/eth0 on bridge pbr0" in text
+    assert "masq4 element 198.18.70.3" in text and f"spoofchk_ports element {veth_b}" in text
+    assert "host-local lease 198.18.70.3 of b/eth0 (network testnet)" in text
+    assert "othernet" not in text and ra["interfaces"][1]["name"] not in text
+
+    left = kit.links_in(host.path)
+    assert veth_b not in left and "vethforeign" in left
+    assert ra["interfaces"][1]["name"] in left and ro["interfaces"][1]["name"] in left
+    assert "eth0" not in kit.links_in(ns_b.path)  # the container end went with it
+    assert sorted(_lease_files(tmp_path)) == ["198.18.70.2"]
+    assert sorted(_lease_files(tmp_path, "othernet")) == ["198.18.73.2"]
+    assert {e[0]["elem"]["val"] for e in kit.nft_elements()["masq4"]} == {"198.18.70.2", "198.18.73.2"}
+    BridgePlugin().handle(kit.request("CHECK", conf | {"prevResult": ra}, "a", ns_a.path))
+    BridgePlugin().handle(kit.request("CHECK", other | {"prevResult": ro}, "b", ns_o.path))
+    assert not [r for r in os.listdir(os.path.join(state_dir, "bridge")) if "b" == r]
+
+
+def test_bridge_status_is_its_ipam_status(host, kit, tmp_path):
+    conf = kit.bridge_conf(tmp_path, V4)
+    conf["cniVersion"] = "1.1.0"
+    BridgePlugin().handle(PluginRequest("STATUS", conf, path=("/usr/lib/cni",)))
+    BridgePlugin().handle(PluginRequest("STATUS", dict(conf, ipam={}), path=("/usr/lib/cni",)))  # no IPAM: ready
+    bad = dict(conf, ipam=dict(conf["ipam"], type="no-such-ipam"))
+    with pytest.raises(CNIError, match='failed to find plugin "no-such-ipam"'):
+        BridgePlugin().handle(PluginRequest("STATUS", bad, path=("/usr/lib/cni",)))
+
+
+# -- portmap and firewall --------------------------------------------------------------------------
+
+PREV = {
+    "cniVersion": "1.1.0",
+    "interfaces": [{"name": "pbr0"}, {"name": "veth01234567"}, {"name": "eth0", "sandbox": "/x"}],
+    "ips": [{"interface": 2, "address": "198.18.70.2/24"}],
+}
+
+
+def _prev(addr: str) -> dict:
+    return dict(PREV, ips=[{"interface": 2, "address": addr}])
+
+
+@pytest.mark.parametrize("plugin_type", ["portmap", "firewall"])
+def test_portmap_and_firewall_gc(host, kit, plugin_type):
+    plugin = PortmapPlugin() if plugin_type == "portmap" else FirewallPlugin()
+
+    def conf(network: str, addr: str, port: int) -> dict:
+        out = {"cniVersion": "1.1.0", "name": network, "type": plugin_type, "prevResult": _prev(addr)}
+        if plugin_type == "portmap":
+            out["runtimeConfig"] = {"portMappings": [{"hostPort": port, "containerPort": 80}]}
+        return out
+
+    plugin.handle(kit.request("ADD", conf("testnet", "198.18.70.2/24", 8080), "keep", "/x"))
+    plugin.handle(kit.request("ADD", conf("testnet", "198.18.70.3/24", 8081), "stale", "/x"))
+    plugin.handle(kit.request("ADD", conf("othernet", "198.18.71.3/24", 8082), "stale", "/x"))
+    before = kit.nft_elements()
+    dry = plugin.handle(_gc(conf("testnet", "198.18.70.2/24", 0), [("keep", "eth0")], dry=True))
+    assert kit.nft_elements() == before
+    out = plugin.handle(_gc(conf("testnet", "198.18.70.2/24", 0), [("keep", "eth0")]))
+    assert out == dry and out["removed"] and all("of stale/eth0" in r for r in out["removed"])
+    assert any(r.startswith("pycni state record nft/") for r in out["removed"])
+    for network, cid, addr, port in (
+        ("testnet", "keep", "198.18.70.2/24", 8080),
+        ("othernet", "stale", "198.18.71.3/24", 8082),
+    ):
+        plugin.handle(kit.request("CHECK", conf(network, addr, port), cid, "/x"))
+    with pytest.raises(CNIError):
+        plugin.handle(kit.request("CHECK", conf("testnet", "198.18.70.3/24", 8081), "stale", "/x"))
+
+
+@pytest.mark.parametrize("plugin_type", ["portmap", "firewall"])
+def test_nftables_status(host, plugin_type, monkeypatch):
+    plugin = PortmapPlugin() if plugin_type == "portmap" else FirewallPlugin()
+    conf = {"cniVersion": "1.1.0", "name": "testnet", "type": plugin_type}
+    plugin.handle(PluginRequest("STATUS", conf))
+    monkeypatch.setitem(sys.modules, "nftables", None)  # libnftables' bindings missing
+    with pytest.raises(CNIError) as e:
+        plugin.handle(PluginRequest("STATUS", conf))
+    assert e.value.code == ErrorCode.PLUGIN_NOT_AVAILABLE == 50
+    assert e.value.msg == "nftables is not usable"
+
+    class Broken:
+        def cmd(self, text):
+            return 1, "", "Error: Could not process rule: Operation not permitted"
+
+    monkeypatch.setitem(sys.modules, "nftables", type(sys)("nftables"))
+    sys.modules["nftables"].Nftables = Broken
+    with pytest.raises(CNIError) as e:
+        plugin.handle(PluginRequest("STATUS", conf))
+    assert e.value.code == 50 and "Operation not permitted" in e.value.details
+
+
+def test_exec_d_gc_prints_nothing(host, kit, tmp_path):
+    conf = _ipam(tmp_path)
+    HostLocalPlugin().handle(kit.request("ADD", conf, "a", ""))
+    out = io.StringIO()
+    env = {"CNI_COMMAND": "GC", "CNI_PATH": "/usr/lib/cni"}
+    assert skel_run(HostLocalPlugin(), env, json.dumps(_gc(conf, []).config).encode(), out) == 0
+    assert out.getvalue() == "" and _lease_files(tmp_path) == {}
+
+
+# -- the nftables layer ---------------------------------------------------------------------------
+
+A = nft.Attachment("net1", "a", "eth0")
+B = nft.Attachment("net1", "b", "eth0")
+ADDR = ipaddress.ip_interface("198.18.72.5/24")
+SECTIONS = (layout.MASQ, layout.masq_subnet(ADDR.network))
+
+
+def test_a_lost_state_dir_does_not_make_a_new_one_trusted(host, kit, state_dir):
+    """The first record of a new state dir must not claim a table holding elements recorded in a
+    lost one: a DEL without a record would then skip the search and leak them."""
+    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS)
+    shutil.rmtree(state_dir)
+    nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS)
+    nft.release("masq", A)  # no record: found by its comment
+    assert {e[0]["elem"]["val"] for e in kit.nft_elements()["masq4"]} == {"198.18.72.6"}
+
+
+def test_a_rebuilt_table_is_claimed_again(host, kit, state_dir):
+    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS)
+    assert nft._authoritative()
+    nft.run(["delete table inet pycni"])
+    nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS)
+    assert nft._authoritative(), "the first commit into the new table claimed it back"
+
+
+def test_an_element_left_by_a_stale_attachment_is_taken_over(host, kit):
+    """Same address, same data, stale comment (its owner's DEL never ran): the new owner's ADD
+    makes it its own, so CHECK passes and a GC of the stale one leaves it alone."""
+    element = layout.masq_element(ADDR)
+    nft.apply("masq", A, [element], SECTIONS)
+    nft._RECORDS.remove(f"{A.key}.masq")  # A is forgotten
+    nft.apply("masq", B, [element], SECTIONS)
+    assert nft.check(B, [element], SECTIONS) is None
+    assert nft.collect("net1", [("b", "eth0")], ("masq",)) == []
+    assert nft.holder(element).startswith(B.key)
+
+
+def test_flushed_rules_are_put_back_keeping_other_admin_jumps(host, kit):
+    sections = [layout.FIREWALL, layout.admin_section("CNI-ADMIN"), layout.admin_section("NOMAD-ADMIN")]
+    nft.ensure(sections)
+    rules = kit.nft_rule_count()
+    nft.run(["flush chain inet pycni forward"])
+    assert nft.skeleton_problems(sections[:2]) == [
+        "chain forward of table inet pycni has 0 of its 4 rules",
+        "chain forward of table inet pycni has lost its jump to CNI-ADMIN",
+    ]
+    nft.repair(sections[:2])  # knows one admin chain; the other's jump is gone too
+    assert nft.skeleton_problems(sections) == ["chain forward of table inet pycni has lost its jump to NOMAD-ADMIN"]
+    nft.repair(sections)
+    assert nft.skeleton_problems(sections) == [] and kit.nft_rule_count() == rules
+    nft.run(["delete rule inet pycni forward handle " + _first_handle(kit, "forward", "accept")])
+    nft.repair(sections)  # the jumps survive a refill of the chain
+    assert nft.skeleton_problems(sections) == [] and kit.nft_rule_count() == rules
+
+
+def _first_handle(kit, chain: str, verdict: str) -> str:
+    for obj in kit.nft_ruleset()["nftables"]:
+        rule = obj.get("rule")
+        if rule and rule["chain"] == chain and any(verdict in e for e in rule["expr"]):
+            return str(rule["handle"])
+    raise AssertionError(f"no {verdict} rule in {chain}")
+
+
+def test_bridge_del_without_the_netns_path_removes_the_veth_from_its_record(host, make_netns, kit, tmp_path):
+    """The namespace lives on but DEL gets no (or a dead) CNI_NETNS: the host end, known from
+    the record, is deleted, and the container end goes with it."""
+    conf = kit.bridge_conf(tmp_path, V4)
+    ns, result = _attach(kit, make_netns, conf, "a")
+    veth = result["interfaces"][1]["name"]
+    BridgePlugin().handle(kit.request("DEL", conf, "a", ""))
+    assert veth not in kit.links_in(host.path)
+    assert "eth0" not in kit.links_in(ns.path)
+    assert _lease_files(tmp_path) == {}
