@@ -1,7 +1,9 @@
 """Small JSON records under pycni's state dir (``$PYCNI_STATE_DIR``, default ``/run/pycni``).
 
-The default is on tmpfs on purpose: the records describe kernel state (nftables elements) and
-must die with it at reboot. Directories are 0700 and files 0600; every path below the state dir
+``/run`` is a tmpfs on a systemd host, which fits: the records describe kernel state (nftables
+elements, veths) that a reboot wipes too. Where ``/run`` survives a reboot, the records outlive
+what they describe; the epoch check in :mod:`.nft` and ``pycni gc --reconcile`` deal with that.
+Directories are 0700 and files 0600; every path below the state dir
 is opened relative to a directory fd with ``O_NOFOLLOW``, so a symlink planted in the state dir
 is refused rather than followed. Writes are atomic (temporary file + ``rename``).
 """
