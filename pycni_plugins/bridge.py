@@ -376,7 +376,9 @@ class BridgePlugin(Plugin):
             state = links.wait_oper_up(ipr, host_name)
             if state != "UP":
                 raise fail(f"bridge port in error state: {state.lower()}")
-        if not created:  # a bridge made elsewhere may not have a pinned MAC: report its final one
+        if not (created or (conf.is_gateway and result.ips)):
+            # Pinned at creation by pycni, or pinned to br.mac above: otherwise (a bridge made
+            # elsewhere, no gateway) ports may have changed the MAC since it was read.
             final_br = links.get_link(ipr, index=br.index)
             if final_br is not None:
                 result = attrs.evolve(result, interfaces=[Interface(br.name, final_br.mac), *result.interfaces[1:]])

@@ -216,6 +216,7 @@ def _context() -> Any:
     ctx = nftables.Nftables()
     _local.ctx = (ident, ctx)
     _local.ensured = {}
+    _local.authoritative = None
     return ctx
 
 
@@ -324,6 +325,7 @@ def _claim() -> None:
     if _epoch_tokens():
         return
     run([f"add table inet {TABLE}", f"add set inet {TABLE} {_EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
+    _local.authoritative = None
 
 
 def _reclaim() -> None:
@@ -334,6 +336,7 @@ def _reclaim() -> None:
     if token is None or holder(_epoch_element(token)) is not None or _epoch_tokens():
         return
     run([f"add set inet {TABLE} {_EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
+    _local.authoritative = None
 
 
 def _drop(elements: Iterable[Element]) -> list[str]:
@@ -395,8 +398,17 @@ def _authoritative() -> bool:
     elements" (a repeated DEL) and the O(n) search by comment can be skipped. The first record
     written to a state dir puts a random token both in the dir and in ``set inet pycni epoch``;
     a lost state dir, or a table rebuilt behind our back, breaks the pair."""
+    # Remembered for VERIFY_EVERY per thread and namespace, as ensure() does: every DEL asks
+    # for each owner, and the answer only changes when someone rebuilds the table.
+    _context()
+    now = time.monotonic()
+    cached = getattr(_local, "authoritative", None)
+    if cached is not None and now - cached[0] < VERIFY_EVERY:
+        return cached[1]
     token = _epoch()
-    return token is not None and holder(_epoch_element(token)) is not None
+    answer = token is not None and holder(_epoch_element(token)) is not None
+    _local.authoritative = (now, answer)
+    return answer
 
 
 def release(owner: str, attachment: Attachment) -> None:
