@@ -15,6 +15,7 @@ them alike; one untimed-in-the-table warm-up cell per backend runs first.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -30,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file from anywhere
 
 from bench import backends, machine, measure, memory, parsing, report
-from bench.session import Session, install_signal_handlers
+from bench.session import PREFIX, Session, claim_run, install_signal_handlers
 
 SECTIONS = ("latency", "overhead", "concurrency", "memory", "parsing")
 SCHEMA = 1
@@ -200,12 +201,14 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
 
 
 _TMPFS_ENV = "PYCNI_BENCH_TMPFS"
+_RUN_ENV = "PYCNI_BENCH_RUN"  # "<run id>:<lock fd>" handed to the re-exec'd child
 
 
 def _in_private_tmpfs(argv: list[str] | None) -> int:
     """Re-run this harness in a private mount namespace with a tmpfs for volatile state; the mount
     exists only there and disappears with the process."""
-    mountpoint = tempfile.mkdtemp(prefix="pycni-bench-run-")
+    run_id, lock_fd = claim_run()  # held here too, so a sweep never takes the mountpoint of a live run
+    mountpoint = tempfile.mkdtemp(prefix=f"{PREFIX}{run_id}-tmpfs-")
     script = 'mount -t tmpfs -o mode=0700 pycni-bench "$0" && exec "$@"'
     cmd = [
         "unshare",
@@ -220,7 +223,8 @@ def _in_private_tmpfs(argv: list[str] | None) -> int:
         os.path.abspath(__file__),
         *(sys.argv[1:] if argv is None else argv),
     ]
-    child = subprocess.Popen(cmd, env=dict(os.environ, **{_TMPFS_ENV: mountpoint}))
+    env = dict(os.environ, **{_TMPFS_ENV: mountpoint, _RUN_ENV: f"{run_id}:{lock_fd}"})
+    child = subprocess.Popen(cmd, env=env, pass_fds=(lock_fd,))
 
     def forward(signum: int, frame: object) -> None:
         child.send_signal(signum)  # the child cleans up; this process only waits for it
@@ -230,7 +234,8 @@ def _in_private_tmpfs(argv: list[str] | None) -> int:
     try:
         return child.wait()
     finally:
-        os.rmdir(mountpoint)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(mountpoint)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         return _in_private_tmpfs(argv)
     install_signal_handlers()
     progress = measure.Progress()
-    session = Session(root=os.environ.get(_TMPFS_ENV))
+    claimed = None
+    if _RUN_ENV in os.environ:
+        run_id, fd = os.environ[_RUN_ENV].split(":")
+        claimed = (run_id, int(fd))
+    session = Session(claimed, root=os.environ.get(_TMPFS_ENV))
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "run_id": session.run_id,
@@ -277,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     started = time.monotonic()
     progress.line(f"pycni bench run {session.run_id}: namespaces {session.prefix}*, temp {session.root}")
+    if session.swept:
+        progress.line(f"  swept {len(session.swept)} leftovers of dead runs (namespace files, temp dirs, locks)")
     try:
         doc["machine"] = machine.describe()
         run(args, session, doc, progress)

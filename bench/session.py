@@ -9,12 +9,19 @@ waits for in-flight plugin threads, then sweeps any namespace left with the sess
 SIGTERM and SIGHUP raise KeyboardInterrupt (SIGINT even when a shell started the harness with
 it ignored), so ``finally`` blocks run; signals are ignored while closing, so a second Ctrl-C
 cannot interrupt the cleanup itself.
+
+A run killed outright (SIGKILL, a machine restart) cleans nothing, and where ``/run`` is not a
+tmpfs its namespace files outlive it. Each session therefore holds a lock on
+``<tmp>/pycni-bench-<run id>.lock`` while it lives, and every new session first sweeps the
+namespaces and directories of runs whose lock nobody holds (:func:`sweep_dead_runs`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -62,6 +69,70 @@ def signals_ignored() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+_RUN_ID = re.compile(r"^pycni-bench-([0-9a-f]{6})[-.]")
+
+
+def _lock_path(run_id: str) -> str:
+    return os.path.join(tempfile.gettempdir(), f"{PREFIX}{run_id}.lock")
+
+
+def claim_run() -> tuple[str, int]:
+    """A fresh run id and the fd of its held lock (inheritable, so a re-exec'd child keeps it)."""
+    while True:
+        run_id = secrets.token_hex(3)
+        try:
+            fd = os.open(_lock_path(run_id), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.set_inheritable(fd, True)
+        return run_id, fd
+
+
+def _run_is_live(run_id: str) -> bool:
+    try:
+        fd = os.open(_lock_path(run_id), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the lock taken just now
+    return False
+
+
+def sweep_dead_runs() -> list[str]:
+    """Remove the namespaces, temp dirs and lock files of runs that are no longer alive."""
+    tmp = tempfile.gettempdir()
+    found: dict[str, list[str]] = {}
+    for base in (netns.RUN_DIR, tmp):
+        with contextlib.suppress(FileNotFoundError):
+            for name in os.listdir(base):
+                m = _RUN_ID.match(name)
+                if m:
+                    found.setdefault(m.group(1), []).append(os.path.join(base, name))
+    removed = []
+    for run_id, paths in sorted(found.items()):
+        if _run_is_live(run_id):
+            continue
+        for path in sorted(paths, key=lambda p: p.endswith(".lock")):  # the lock file last
+            if path.startswith(netns.RUN_DIR + "/"):
+                if os.path.ismount(path):
+                    netns.remove(path)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+            elif os.path.isdir(path) and not os.path.ismount(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif not os.path.isdir(path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            removed.append(path)
+    return removed
+
+
 def namespaces_with_prefix(prefix: str) -> list[str]:
     try:
         return sorted(n for n in os.listdir(netns.RUN_DIR) if n.startswith(prefix))
@@ -72,8 +143,10 @@ def namespaces_with_prefix(prefix: str) -> list[str]:
 class Session:
     """One harness run: its run id, temp root and namespaces (``prefix`` = ``pycni-bench-<id>-``)."""
 
-    def __init__(self, run_id: str | None = None, *, root: str | None = None) -> None:
-        self.run_id = run_id or secrets.token_hex(3)
+    def __init__(self, claimed: tuple[str, int] | None = None, *, root: str | None = None) -> None:
+        """``claimed``: the run id and lock fd from :func:`claim_run`, when a parent already did."""
+        self.swept = sweep_dead_runs()
+        self.run_id, self._lock = claimed or claim_run()
         self.prefix = f"{PREFIX}{self.run_id}-"
         self.root = root or tempfile.mkdtemp(prefix=self.prefix)
         os.makedirs(self.root, exist_ok=True)
@@ -110,6 +183,9 @@ class Session:
             else:
                 shutil.rmtree(self.root, ignore_errors=True)
             shutil.rmtree(self.disk_root, ignore_errors=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_lock_path(self.run_id))
+            os.close(self._lock)
             return leftovers
 
     def root_removed(self) -> bool:

@@ -13,13 +13,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bench import backends
-from bench.session import namespaces_with_prefix
+from bench.session import PREFIX, Session, _run_is_live, namespaces_with_prefix
+from pycni import netns
 
 pytestmark = [pytest.mark.privileged, pytest.mark.reference]
 
@@ -104,3 +106,56 @@ def test_interrupted_run_cleans_up(workdir: Path) -> None:
     assert doc["cleanup"]["temp_root_removed"]
     assert not namespaces_with_prefix(doc["config"]["namespace_prefix"])
     assert not os.path.exists(doc["config"]["temp_root"])
+
+
+def test_a_killed_run_is_swept_by_the_next_one(workdir: Path) -> None:
+    """SIGKILL runs no cleanup, and where /run is no tmpfs its namespace files outlive it."""
+    argv = [sys.executable, "bench/run.py", "--n", "20", "--backends", "pycni-inprocess", "--sections", "latency"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        prefix = None
+        for line in proc.stderr:
+            if line.startswith(b"pycni bench run "):
+                prefix = line.split(b"namespaces ")[1].split(b"*")[0].decode()
+            if b"== latency n=20" in line:
+                break
+        assert prefix is not None
+        deadline = time.monotonic() + 60
+        while len(namespaces_with_prefix(prefix)) < 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGKILL)  # the harness and its re-exec'd child alike
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    run_id = prefix.removeprefix(PREFIX).rstrip("-")
+    deadline = time.monotonic() + 30
+    while _run_is_live(run_id) and time.monotonic() < deadline:  # the re-exec'd child dies a moment later
+        time.sleep(0.01)
+    tmp = tempfile.gettempdir()
+    assert namespaces_with_prefix(prefix), "the kill left no namespace files to sweep"
+    assert [n for n in os.listdir(tmp) if n.startswith(prefix)], "the kill left no temp dirs to sweep"
+
+    session = Session()
+    try:
+        assert session.swept
+        assert not namespaces_with_prefix(prefix)
+        assert not [n for n in os.listdir(tmp) if n.startswith(f"{PREFIX}{run_id}")]
+    finally:
+        session.close()
+    assert session.root_removed()
+    assert not os.path.exists(os.path.join(tmp, f"{PREFIX}{session.run_id}.lock"))
+
+
+def test_a_live_run_is_never_swept() -> None:
+    live = Session()
+    try:
+        name = f"{live.prefix}not-a-namespace"
+        open(os.path.join(netns.RUN_DIR, name), "w").close()
+        other = Session()
+        other.close()
+        assert namespaces_with_prefix(live.prefix) == [name]
+    finally:
+        assert live.close() == [name]

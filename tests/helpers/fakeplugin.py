@@ -70,9 +70,15 @@ if cmd == "ADD":
         ip = {"address": "198.18.0.2/24", "gateway": "198.18.0.1", "interface": 0}
         if conf.get("cniVersion") in ("0.3.0", "0.3.1", "0.4.0"):
             ip["version"] = "4"
-        print(json.dumps({
-            "cniVersion": conf.get("cniVersion", ""),
-            "interfaces": [{"name": os.environ.get("CNI_IFNAME", ""), "sandbox": os.environ.get("CNI_NETNS", "")}],
-            "ips": [ip],
-        }))
+        print(
+            json.dumps(
+                {
+                    "cniVersion": conf.get("cniVersion", ""),
+                    "interfaces": [
+                        {"name": os.environ.get("CNI_IFNAME", ""), "sandbox": os.environ.get("CNI_NETNS", "")}
+                    ],
+                    "ips": [ip],
+                }
+            )
+        )
 sys.exit(spec.get("exit", 0))

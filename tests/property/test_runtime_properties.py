@@ -72,8 +72,9 @@ def test_accepted_lists_keep_plugin_objects_exactly(doc):
 
 
 arg_key = st.text(alphabet=string.ascii_letters + string.digits + "_-", min_size=1, max_size=10)
-arg_value = st.text(alphabet=string.printable.replace(";", "").replace("=", "").replace("\x0b", ""), min_size=1,
-                    max_size=10)
+arg_value = st.text(
+    alphabet=string.printable.replace(";", "").replace("=", "").replace("\x0b", ""), min_size=1, max_size=10
+)
 
 
 @SETTINGS
