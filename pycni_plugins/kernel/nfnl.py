@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["NetlinkError", "Rule", "tables", "chains", "rules", "sets", "FAMILIES"]
+__all__ = ["NetlinkError", "Reader", "Rule", "reading", "FAMILIES"]
 
 #: nfgen_family (NFPROTO_*) of the families pycni has tables in.
 FAMILIES = {"inet": 1, "bridge": 7}
@@ -24,8 +24,8 @@ class NetlinkError(OSError):
 
 
 @contextmanager
-def _socket(family: str) -> Iterator[Any]:
-    from pyroute2.netlink.exceptions import NetlinkError as PyrouteError
+def reading(family: str) -> Iterator[Reader]:
+    """A :class:`Reader` of ``family``'s tables in the calling thread's namespace."""
     from pyroute2.nftables.main import NFTables
 
     try:
@@ -33,39 +33,46 @@ def _socket(family: str) -> Iterator[Any]:
     except OSError as e:
         raise NetlinkError(e.errno, f"nfnetlink: {e.strerror}") from None
     try:
-        yield nft
-    except PyrouteError as e:
-        raise NetlinkError(e.code, f"nfnetlink dump: {e}") from None
+        yield Reader(nft)
     finally:
         nft.close()
 
 
-def _dump(family: str, what: Callable[[Any], Any], table_attr: str, name_attr: str, table: str | None) -> list[Any]:
-    with _socket(family) as nft:
-        return [
-            m
-            for m in what(nft)
-            if table is None or m.get_attr(table_attr) == table
-            if m.get_attr(name_attr) is not None
-        ]
+class Reader:
+    """Dumps over one nfnetlink socket (opening one costs more than a dump): use :func:`reading`."""
 
+    def __init__(self, nft: Any) -> None:
+        self._nft = nft
 
-def tables(family: str) -> set[str]:
-    """Names of the tables of ``family``."""
-    msgs = _dump(family, lambda n: n.get_tables(), "NFTA_TABLE_NAME", "NFTA_TABLE_NAME", None)
-    return {m.get_attr("NFTA_TABLE_NAME") for m in msgs}
+    def _dump(self, what: Callable[[Any], Any], table_attr: str, name_attr: str, table: str | None) -> list[Any]:
+        from pyroute2.netlink.exceptions import NetlinkError as PyrouteError
 
+        try:
+            msgs = list(what(self._nft))
+        except PyrouteError as e:
+            raise NetlinkError(e.code, f"nfnetlink dump: {e}") from None
+        keep = (m for m in msgs if table is None or m.get_attr(table_attr) == table)
+        return [m for m in keep if m.get_attr(name_attr) is not None]
 
-def chains(family: str, table: str) -> set[str]:
-    """Names of the chains of ``table <family> <table>``."""
-    msgs = _dump(family, lambda n: n.get_chains(), "NFTA_CHAIN_TABLE", "NFTA_CHAIN_NAME", table)
-    return {m.get_attr("NFTA_CHAIN_NAME") for m in msgs}
+    def tables(self) -> set[str]:
+        """Names of the tables of the family."""
+        msgs = self._dump(lambda n: n.get_tables(), "NFTA_TABLE_NAME", "NFTA_TABLE_NAME", None)
+        return {m.get_attr("NFTA_TABLE_NAME") for m in msgs}
 
+    def chains(self, table: str) -> set[str]:
+        """Names of the chains of ``table``."""
+        msgs = self._dump(lambda n: n.get_chains(), "NFTA_CHAIN_TABLE", "NFTA_CHAIN_NAME", table)
+        return {m.get_attr("NFTA_CHAIN_NAME") for m in msgs}
 
-def sets(family: str, table: str) -> set[str]:
-    """Names of the sets and maps of ``table <family> <table>`` (no element is read)."""
-    msgs = _dump(family, lambda n: n.get_sets(), "NFTA_SET_TABLE", "NFTA_SET_NAME", table)
-    return {m.get_attr("NFTA_SET_NAME") for m in msgs}
+    def sets(self, table: str) -> set[str]:
+        """Names of the sets and maps of ``table`` (no element is read)."""
+        msgs = self._dump(lambda n: n.get_sets(), "NFTA_SET_TABLE", "NFTA_SET_NAME", table)
+        return {m.get_attr("NFTA_SET_NAME") for m in msgs}
+
+    def rules(self, table: str) -> list[Rule]:
+        """Every rule of ``table``, in chain order."""
+        msgs = self._dump(lambda n: n.get_rules(), "NFTA_RULE_TABLE", "NFTA_RULE_CHAIN", table)
+        return [Rule(m.get_attr("NFTA_RULE_CHAIN"), _jump(m.get_attr("NFTA_RULE_EXPRESSIONS"))) for m in msgs]
 
 
 class Rule:
@@ -91,9 +98,3 @@ def _jump(expressions: Any) -> str | None:
         if verdict is not None and verdict.get_attr("NFTA_VERDICT_CODE") == "NFT_JUMP":
             return verdict.get_attr("NFTA_VERDICT_CHAIN")
     return None
-
-
-def rules(family: str, table: str) -> list[Rule]:
-    """Every rule of ``table <family> <table>``, in chain order."""
-    msgs = _dump(family, lambda n: n.get_rules(), "NFTA_RULE_TABLE", "NFTA_RULE_CHAIN", table)
-    return [Rule(m.get_attr("NFTA_RULE_CHAIN"), _jump(m.get_attr("NFTA_RULE_EXPRESSIONS"))) for m in msgs]

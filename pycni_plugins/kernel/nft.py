@@ -16,9 +16,10 @@ Design (what and why)
 * **The skeleton is created lazily, race-free, and repaired.** A :class:`Section` (chains,
   sets, maps and rules that belong together) is created by one transaction that starts with
   ``create chain <sentinel>``; if a concurrent caller created it first, the sentinel's EEXIST
-  rolls ours back whole. Before an ADD's transaction, and at most once a second per thread and
-  namespace (:data:`VERIFY_EVERY`), the sections are verified with a kernel-filtered netlink dump
-  of pycni's chains and rules (:mod:`.nfnl`; ~0.1 ms, no set element is read): a table deleted
+  rolls ours back whole. Before an ADD's transaction, and at most once a second per namespace
+  whichever thread works in it (:data:`VERIFY_EVERY`), the sections are verified with a
+  kernel-filtered netlink dump of pycni's chains and rules (:mod:`.nfnl`; no set element is
+  read, so it costs the same at any number of containers): a table deleted
   or flushed behind our back (``nft flush ruleset``, a firewall reload) is rebuilt, lost rules
   are put back. CHECK reports such damage precisely (:func:`check`, :func:`skeleton_problems`);
   GC also puts back the recorded elements of the still-valid attachments (:func:`restore`).
@@ -53,6 +54,8 @@ import hashlib
 import os
 import re
 import secrets
+import socket
+import sys
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -100,7 +103,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/@+=-]")
 _COMMENT = re.compile(r'comment "([^"]*)"')
 _RULE = re.compile(r"(?:add|insert) rule (\S+) \S+ (\S+) ")
 _JUMP = re.compile(r" jump (\S+)$")
-#: Seconds between two verifications of the skeleton (its rules) by one thread in one namespace.
+#: Seconds between two verifications of the skeleton (its rules) in one namespace.
 VERIFY_EVERY = 1.0
 
 
@@ -195,9 +198,46 @@ class Section:
 _local = threading.local()
 
 
+@attrs.define(eq=False)
+class _Memo:
+    """What was last learned about one namespace's table, shared by the threads working in it:
+    sections verified (monotonic time per section), and whether the state dir is authoritative."""
+
+    ensured: dict[tuple[str, str], float] = attrs.Factory(dict)
+    authoritative: tuple[float, bool] | None = None
+
+    def stale(self, now: float) -> bool:
+        times = [*self.ensured.values(), *(self.authoritative[:1] if self.authoritative else ())]
+        return all(now - t >= VERIFY_EVERY for t in times)
+
+
+# By netns cookie, which the kernel never reuses (inode numbers are reused as soon as a namespace
+# dies), so a thread that starts after another one finished still finds what it learned.
+_memos: dict[int, _Memo] = {}
+_memos_lock = threading.Lock()
+_SO_NETNS_COOKIE = 71  # asm-generic/socket.h, Linux 5.14
+
+
 def _netns_ident() -> tuple[int, int]:
     st = os.stat("/proc/thread-self/ns/net")
     return st.st_dev, st.st_ino
+
+
+def _shared_memo() -> _Memo:
+    """The calling thread's namespace's memo; a private one where the kernel has no cookies."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            cookie = int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, _SO_NETNS_COOKIE, 8), sys.byteorder)
+    except OSError:
+        return _Memo()
+    with _memos_lock:
+        memo = _memos.get(cookie)
+        if memo is None:
+            now = time.monotonic()
+            for old in [c for c, m in _memos.items() if m.stale(now)]:
+                del _memos[old]
+            memo = _memos[cookie] = _Memo()
+        return memo
 
 
 def _context() -> Any:
@@ -215,9 +255,14 @@ def _context() -> Any:
 
     ctx = nftables.Nftables()
     _local.ctx = (ident, ctx)
-    _local.ensured = {}
-    _local.authoritative = None
+    _local.memo = _shared_memo()
     return ctx
+
+
+def _memo() -> _Memo:
+    _context()
+    memo: _Memo = _local.memo
+    return memo
 
 
 def _first_line(err: str) -> str:
@@ -244,8 +289,7 @@ def ensure(sections: Iterable[Section], *, force: bool = False) -> None:
     are skipped unless ``force``; a verification is one kernel-filtered dump of pycni's chains
     and rules (no set element is read), so it costs the same whatever the sets hold.
     """
-    _context()
-    done: dict[tuple[str, str], float] = _local.ensured
+    done = _memo().ensured
     now = time.monotonic()
     due = [s for s in sections if force or now - done.get((s.family, s.sentinel), -VERIFY_EVERY) >= VERIFY_EVERY]
     if not due:
@@ -325,7 +369,7 @@ def _claim() -> None:
     if _epoch_tokens():
         return
     run([f"add table inet {TABLE}", f"add set inet {TABLE} {_EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
-    _local.authoritative = None
+    _memo().authoritative = None
 
 
 def _reclaim() -> None:
@@ -336,7 +380,7 @@ def _reclaim() -> None:
     if token is None or holder(_epoch_element(token)) is not None or _epoch_tokens():
         return
     run([f"add set inet {TABLE} {_EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
-    _local.authoritative = None
+    _memo().authoritative = None
 
 
 def _drop(elements: Iterable[Element]) -> list[str]:
@@ -398,16 +442,16 @@ def _authoritative() -> bool:
     elements" (a repeated DEL) and the O(n) search by comment can be skipped. The first record
     written to a state dir puts a random token both in the dir and in ``set inet pycni epoch``;
     a lost state dir, or a table rebuilt behind our back, breaks the pair."""
-    # Remembered for VERIFY_EVERY per thread and namespace, as ensure() does: every DEL asks
+    # Remembered for VERIFY_EVERY per namespace, as ensure() does: every DEL asks
     # for each owner, and the answer only changes when someone rebuilds the table.
-    _context()
+    memo = _memo()
     now = time.monotonic()
-    cached = getattr(_local, "authoritative", None)
+    cached = memo.authoritative
     if cached is not None and now - cached[0] < VERIFY_EVERY:
         return cached[1]
     token = _epoch()
     answer = token is not None and holder(_epoch_element(token)) is not None
-    _local.authoritative = (now, answer)
+    memo.authoritative = (now, answer)
     return answer
 
 
@@ -636,12 +680,13 @@ def remove_container(network: str, container_id: str) -> list[str]:
 def _netlink_dump(family: str) -> dict[str, list[nfnl.Rule]] | None:
     """chain name -> its rules in ``table <family> pycni``; ``None`` when there is no such table."""
     try:
-        if TABLE not in nfnl.tables(family):
-            return None
-        out: dict[str, list[nfnl.Rule]] = {name: [] for name in nfnl.chains(family, TABLE)}
-        for rule in nfnl.rules(family, TABLE):
-            out.setdefault(rule.chain, []).append(rule)
-        return out
+        with nfnl.reading(family) as reader:
+            if TABLE not in reader.tables():
+                return None
+            out: dict[str, list[nfnl.Rule]] = {name: [] for name in reader.chains(TABLE)}
+            for rule in reader.rules(TABLE):
+                out.setdefault(rule.chain, []).append(rule)
+            return out
     except nfnl.NetlinkError as e:
         raise NftError(f"cannot read table {family} {TABLE}: {e.strerror}") from None
 
@@ -746,9 +791,8 @@ def repair(sections: Iterable[Section], *, create: bool = True) -> list[str]:
 def _netlink_sets(family: str) -> set[str] | None:
     """The sets and maps of ``table <family> pycni`` (``None``: no such table); no element is read."""
     try:
-        if TABLE not in nfnl.tables(family):
-            return None
-        return nfnl.sets(family, TABLE)
+        with nfnl.reading(family) as reader:
+            return reader.sets(TABLE) if TABLE in reader.tables() else None
     except nfnl.NetlinkError as e:
         raise NftError(f"cannot read table {family} {TABLE}: {e.strerror}") from None
 

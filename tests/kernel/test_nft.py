@@ -36,6 +36,44 @@ def test_sections_are_created_once_even_concurrently(host, kit):
     assert kit.nft_rule_count() == rules
 
 
+def _counting_dumps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    dumps: list[str] = []
+    real = nft._netlink_dump
+
+    def counting(family: str):
+        dumps.append(family)
+        return real(family)
+
+    monkeypatch.setattr(nft, "_netlink_dump", counting)
+    return dumps
+
+
+def test_a_verification_serves_every_thread_of_the_namespace(host, monkeypatch):
+    nft.ensure(SECTIONS)
+    dumps = _counting_dumps(monkeypatch)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: netns.run_in(host.path, nft.ensure, SECTIONS), range(8)))
+    assert dumps == []
+
+
+def test_a_new_namespace_never_inherits_the_verification_of_a_dead_one(make_netns, kit, monkeypatch):
+    """Namespace inode numbers are reused at once; the memo is keyed by the netns cookie."""
+    first = make_netns("host")
+    netns.run_in(first.path, nft.ensure, SECTIONS)
+    inode = os.stat(first.path).st_ino
+    first.__exit__(None, None, None)
+    dumps = _counting_dumps(monkeypatch)
+    for _ in range(20):
+        second = make_netns("host")
+        if os.stat(second.path).st_ino == inode:
+            break
+    assert os.stat(second.path).st_ino == inode, "the kernel did not reuse the inode: nothing was tested"
+    netns.run_in(second.path, nft.ensure, SECTIONS)
+    assert dumps
+    with netns.entered(second.path):
+        assert kit.nft_rule_count() > 0
+
+
 def test_apply_release_and_record(host, kit, state_dir):
     nft.apply("portmap", ATT, _elements(), SECTIONS)
     record = os.path.join(state_dir, "nft", f"{ATT.key}.portmap")
