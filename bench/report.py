@@ -279,6 +279,10 @@ def _header(doc: dict[str, Any]) -> list[str]:
         f"- N: {c['n']}; backends: {', '.join(c['backends'])}; wall time {doc.get('wall_s')} s",
     ]
     out += [f"- Skipped {name}: {why}" for name, why in doc["skipped"].items()]
+    out += [
+        f"- Merged in from run {part['run_id']} ({part['started']}, git {part['commit'][:12]}): {part['what']}"
+        for part in doc.get("merged_from", [])
+    ]
     if doc.get("interrupted"):
         out.append("- **Interrupted**: partial results")
     if doc.get("error"):
