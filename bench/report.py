@@ -122,9 +122,9 @@ def _overhead(doc: dict[str, Any]) -> list[str]:
         "`pycni.invoke.raw_exec` time of the same plugin binaries with the same stdin and env, from a thread "
         "already in the same host namespace (a separate run, so per-sample differences carry exec noise). "
         "`accounted` = the runtime's call minus the time inside its backend's calls of the *same* call: the "
-        "runtime's own work (requests, a thread per plugin call to enter the host namespace, result parsing, "
-        "locks, cache), free of that noise. For the in-process backend the same accounting also catches what "
-        "the plugins leave to the exit of that thread."
+        "runtime's own work (config and requests, entering and leaving the host namespace per plugin call, "
+        "result parsing, locks, the cache write with its two fsyncs), free of that noise. For the in-process "
+        "backend the same accounting covers everything outside the plugins' own calls."
     )
     out.append("")
     labels = [
