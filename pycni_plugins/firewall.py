@@ -68,7 +68,7 @@ class FirewallPlugin(Plugin):
             shared = layout.isolation_elements(prev.interfaces[0].name, policy == "isolated")
         try:
             # No element refers to the admin chain, so a missing one would not fail the
-            # optimistic transaction: ensure the sections first (memoised per thread and netns).
+            # optimistic transaction: ensure the sections first (memoised per namespace for every thread).
             nft.ensure(sections)
             failpoint("firewall.add.after-ensure")
             nft.apply(_OWNER, attachment(request), elements, sections, shared)
