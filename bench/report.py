@@ -303,6 +303,9 @@ def _cleanup(doc: dict[str, Any]) -> list[str]:
 CAVEATS = (
     "The reference portmap 1.1.1 fails every CHECK (it looks for an IPv6 DNAT chain it never made), so its "
     "CHECK rows time a failing CHECK.",
+    "The reference portmap 1.1.1 checks for its CNI-HOSTPORT-DNAT chain, then creates it: when the first ADDs "
+    "on a fresh host run concurrently, the loser of that race fails with `CHAIN_USER_ADD failed (File exists)`; "
+    "such errors in its concurrency rows are that upstream race.",
     "netavark 1.4 has no CHECK and no IPAM (Podman allocates): each container gets the address host-local would "
     "give it. Its forwarding rules are per network (two FORWARD accepts for the subnet), not per container "
     "as the firewall plugin's, and its per-network DNAT chain holds every container's rules, which is why its "
