@@ -90,37 +90,18 @@ class Records:
                 return json.loads(f.read())
 
     def store(self, name: str, data: Any) -> None:
-        payload = json.dumps(data, separators=(",", ":")).encode()
-        with self._dir(create=True) as d:
-            tmp = f".{_check_name(name)}.{secrets.token_hex(4)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(payload)
-                os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=d)
-                raise
+        with self._dir(create=True) as d, _temp_copy(d, name, data) as tmp:
+            os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
 
     def create(self, name: str, data: Any) -> bool:
         """Write the record only if there is none (atomically: the first of racing writers
         wins); False when it already existed."""
-        payload = json.dumps(data, separators=(",", ":")).encode()
-        with self._dir(create=True) as d:
-            tmp = f".{_check_name(name)}.{secrets.token_hex(4)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
+        with self._dir(create=True) as d, _temp_copy(d, name, data) as tmp:
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(payload)
-                try:
-                    os.link(tmp, name, src_dir_fd=d, dst_dir_fd=d)
-                except FileExistsError:
-                    return False
-                return True
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=d)
+                os.link(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+            except FileExistsError:
+                return False
+            return True
 
     def remove(self, name: str) -> bool:
         with self._dir(create=False) as d:
@@ -137,3 +118,19 @@ class Records:
             if d is None:
                 return []
             return sorted(n for n in os.listdir(d) if not n.startswith("."))
+
+
+@contextlib.contextmanager
+def _temp_copy(d: int, name: str, data: Any) -> Iterator[str]:
+    """``data`` as JSON in a fresh temp file next to ``name`` in ``d``; the temp name is gone
+    after the block (renamed by it, or unlinked)."""
+    payload = json.dumps(data, separators=(",", ":")).encode()
+    tmp = f".{_check_name(name)}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        yield tmp
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=d)

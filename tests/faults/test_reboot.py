@@ -95,22 +95,28 @@ def test_reconcile_after_a_reboot(rebooted, tmp_path):
     assert world.leftovers() == {}, report
     assert os.listdir(tmp_path / "state" / "nft") == ["epoch"]
 
-    fresh = [ns] + [world.make_netns("c") for _ in range(ADDRESSES - 1)]
+    _every_address_works_again(world, [ns])
+
+
+def _every_address_works_again(world, namespaces=()):
+    fresh = [*namespaces] + [world.make_netns("c") for _ in range(ADDRESSES - len(namespaces))]
     for i, ns in enumerate(fresh):
-        world.works(f"new-{i}", ns)  # every address is free again
+        world.works(f"new-{i}", ns)
     for i, ns in enumerate(fresh):
         world.delete(f"new-{i}", ns.path)
     assert world.leftovers() == {}
 
 
-def test_cli_gc_after_a_reboot(rebooted, tmp_path):
-    """``pycni gc NETWORK`` (cnitool's GC: every cached attachment is stale) from the CLI, run
-    inside the new host namespace, collects the same."""
-    _, world, _ = rebooted
+def _conf_dir(world, tmp_path):
     conf_dir = tmp_path / "net.d"
     conf_dir.mkdir()
     (conf_dir / "10-crash.conflist").write_text(world.conflist_text)
-    argv = [sys.executable, "-m", "pycni.cli", "gc", world.network.name, "--conf-dir", str(conf_dir)]
+    return conf_dir
+
+
+def _gc_cli(world, conf_dir, *args: str) -> subprocess.CompletedProcess[str]:
+    """``pycni gc NETWORK ARGS`` run inside the new host namespace, as an operator would."""
+    argv = [sys.executable, "-m", "pycni.cli", "gc", world.network.name, *args, "--conf-dir", str(conf_dir)]
     argv += ["--cache-dir", str(world.cache_dir), "--backend", "inprocess"]
     proc = subprocess.run(
         ["nsenter", f"--net={world.host.path}", *argv],
@@ -121,33 +127,24 @@ def test_cli_gc_after_a_reboot(rebooted, tmp_path):
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_cli_gc_after_a_reboot(rebooted, tmp_path):
+    """``pycni gc NETWORK`` (cnitool's GC: every cached attachment is stale) from the CLI, run
+    inside the new host namespace, collects the same."""
+    _, world, _ = rebooted
+    _gc_cli(world, _conf_dir(world, tmp_path))
     assert world.leftovers() == {}
-    fresh = [world.make_netns("c") for _ in range(ADDRESSES)]
-    for i, ns in enumerate(fresh):
-        world.works(f"new-{i}", ns)
-    for i, ns in enumerate(fresh):
-        world.delete(f"new-{i}", ns.path)
+    _every_address_works_again(world)
 
 
 def test_cli_gc_reconcile_after_a_reboot(rebooted, tmp_path):
     _, world, _ = rebooted
-    conf_dir = tmp_path / "net.d"
-    conf_dir.mkdir()
-    (conf_dir / "10-crash.conflist").write_text(world.conflist_text)
-    argv = [sys.executable, "-m", "pycni.cli", "gc", world.network.name, "--reconcile", "--conf-dir", str(conf_dir)]
-    argv += ["--cache-dir", str(world.cache_dir), "--backend", "inprocess"]
+    conf_dir = _conf_dir(world, tmp_path)
 
     def cli(*extra: str) -> dict:
-        proc = subprocess.run(
-            ["nsenter", f"--net={world.host.path}", *argv, *extra],
-            cwd=str(REPO),
-            env=world.env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)
+        return json.loads(_gc_cli(world, conf_dir, "--reconcile", *extra).stdout)
 
     before = _snapshot(tmp_path)
     dry = cli("--dry-run")
