@@ -181,6 +181,48 @@ def test_case_folded_key_later_in_the_object_wins_like_go():
     assert one({"interfaces": [{"name": "first", "Name": "second"}]}).interfaces[0].name == "second"
 
 
+# libcni decodes plugin output into Go structs, which decode a repeated key's values in turn.
+def test_repeated_interfaces_key_merges_its_elements_like_go():
+    result = parse_result(
+        b'{"cniVersion": "1.0.0", "interfaces": [{"name": "a", "mac": "m"}], "interfaces": [{"name": "b"}]}'
+    )
+    assert result.interfaces == (Interface("b", mac="m"),)
+
+
+def test_repeated_dns_key_merges_its_members_like_go():
+    result = parse_result(b'{"cniVersion": "1.0.0", "dns": {"domain": "d", "search": ["x"]}, "dns": {"search": ["y"]}}')
+    assert result.dns == DNS(domain="d", search=("y",))
+
+
+def test_repeated_ips_key_replaces_each_ip_whole_as_its_go_unmarshaler_does():
+    result = parse_result(
+        b'{"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/8", "gateway": "10.0.0.1"}],'
+        b' "ips": [{"address": "10.0.0.3/8"}]}'
+    )
+    assert result.ips == (IPConfig(ip_interface("10.0.0.3/8")),)
+
+
+def test_repeated_key_null_keeps_a_struct_and_clears_a_slice_like_go():
+    result = parse_result(
+        b'{"cniVersion": "1.0.0", "dns": {"domain": "d"}, "dns": null,'
+        b' "interfaces": [{"name": "a"}], "interfaces": null}'
+    )
+    assert (result.dns, result.interfaces) == (DNS(domain="d"), ())
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        b'{"cniVersion": "1.0.0", "routes": {}, "routes": []}',
+        b'{"cniVersion": "1.0.0", "interfaces": [5], "interfaces": [{"name": "a"}]}',
+        b'{"cniVersion": "0.4.0", "dns": {"domain": 1}, "DNS": {"domain": "d"}}',
+    ],
+)
+def test_repeated_key_with_clashing_types_fails_like_go(doc):
+    with pytest.raises(ResultError, match="clashing types"):
+        parse_result(doc)
+
+
 @pytest.mark.parametrize(
     ("cidr", "canonical"),
     [
