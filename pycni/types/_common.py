@@ -282,6 +282,9 @@ class DNS:
     domain: str = ""
     search: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     options: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    arrays: frozenset[str] = attrs.field(default=frozenset(), eq=False, repr=False)
+    """The list fields the decoded JSON gave as arrays, even empty ones: Go's non-nil slices,
+    which consumers such as Nomad's status copy as ``[]`` rather than ``null``."""
 
     @classmethod
     def from_json(cls, obj: Any) -> DNS:
@@ -320,7 +323,8 @@ def decode_dns(value: Any) -> DNS:
         options = strings(obj.get("options"))
     except Invalid as e:
         raise e.at(key) from None
-    return DNS(nameservers, domain, search, options)
+    arrays = frozenset(k for k in ("nameservers", "search", "options") if isinstance(obj.get(k), list))
+    return DNS(nameservers, domain, search, options, arrays)
 
 
 @attrs.frozen
