@@ -41,6 +41,16 @@ def stdin_of(calls, command, type_=None):
 
 
 class TestAdd:
+    def test_a_plugin_type_with_a_path_loads_but_never_reaches_exec(self, runtime, fake_plugins, tmp_path):
+        escape = os.path.relpath(fake_plugins.dir / "fake-a", fake_plugins.dir / "x")
+        n = conflist_from_bytes(fake_plugins.conflist(fake_plugins.plugin("fake-a") | {"type": escape}))
+        assert n.plugins[0].type == escape
+        with pytest.raises(PluginNotFoundError, match="invalid plugin name"):
+            runtime.add_network_list(n, RT)
+        with pytest.raises(MultiError, match="invalid plugin name"):
+            runtime.validate_network_list(n)
+        assert fake_plugins.calls() == []
+
     def test_plugins_run_in_order_each_getting_the_previous_result(self, runtime, fake_plugins):
         n = net(fake_plugins, fake_plugins.plugin("fake-a"), fake_plugins.plugin("fake-b", ADD={"echo_prev": True}))
         result = runtime.add_network_list(n, RT)
