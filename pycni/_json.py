@@ -119,10 +119,19 @@ class GoFields:
         return dict(self.pairs(obj))
 
 
-def loads(data: bytes | str, *, float64_numbers: bool = False) -> Any:
+_MAP_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_float)
+_FLOAT64_MAP_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_parse_float, parse_int=_float64_int
+)
+
+
+def loads(data: bytes | str, *, float64_numbers: bool = False, go_maps: bool = False) -> Any:
     """Decode one JSON document; raise :class:`JSONDecodeFailure` with a readable reason.
 
-    ``float64_numbers`` also refuses integers a float64 cannot hold (as libcni does for results).
+    Objects that repeat a key come back as :class:`Repeated`, for decoders that follow Go's
+    struct rules; ``go_maps`` instead keeps only each key's last value everywhere, as Go does
+    when it decodes into ``map[string]interface{}``. ``float64_numbers`` also refuses integers a
+    float64 cannot hold (as libcni does for results).
     """
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
@@ -132,6 +141,8 @@ def loads(data: bytes | str, *, float64_numbers: bool = False) -> Any:
     if not data.strip():
         raise JSONDecodeFailure("unexpected end of JSON input")
     try:
+        if go_maps:
+            return (_MAP_DECODER if not float64_numbers else _FLOAT64_MAP_DECODER).decode(data)
         return (_FLOAT64_DECODER if float64_numbers else _DECODER).decode(data)
     except json.JSONDecodeError as e:
         raise JSONDecodeFailure(f"{e.msg} at line {e.lineno} column {e.colno}") from None

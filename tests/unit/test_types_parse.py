@@ -65,6 +65,15 @@ def test_each_known_version_decodes_into_its_model(version, model):
     assert type(result) is model and result.cni_version == version
 
 
+def test_without_config_version_the_version_key_matches_like_gos_decode_version():
+    result = parse_result({"CNIVersion": "1.0.0", "ips": [{"address": "10.0.0.2/8"}]})
+    assert (result.cni_version, len(result.ips)) == ("1.0.0", 1)
+
+
+def test_plugin_output_version_key_is_read_from_a_map_exactly_as_libcni_fixup_does():
+    assert parse_result({"CNIVersion": "0.4.0"}, config_version="1.0.0").cni_version == "1.0.0"
+
+
 @pytest.mark.parametrize("version", ["9.9.9", "1.0", "v1.0.0", "1.0.0 ", "1.2.0"])
 def test_unknown_result_version_is_unsupported(version):
     with pytest.raises(ResultError, match=f'^unsupported CNI result version "{version}"$') as info:
