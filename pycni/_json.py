@@ -7,15 +7,18 @@ not a RecursionError.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
     "JSONDecodeFailure",
     "GoFields",
     "Repeated",
+    "go_field",
     "go_fold",
     "loads",
     "dumps_compact",
@@ -101,7 +104,7 @@ class GoFields:
             return key  # type: ignore[no-any-return]
         return self._folded.get(go_fold(key)) if isinstance(key, str) else None
 
-    def pairs(self, obj: dict[str, Any]) -> list[tuple[str, Any]]:
+    def pairs(self, obj: Mapping[str, Any]) -> list[tuple[str, Any]]:
         """``obj``'s members that reach a field, as ``(field, value)`` in document order
         (repeated keys included: Go decodes each in turn into the same field)."""
         items = obj.pairs if type(obj) is Repeated else obj.items()
@@ -112,11 +115,19 @@ class GoFields:
                 out.append((name, value))
         return out
 
-    def pick(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def pick(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
         """``obj`` by field name, the later of two keys for one field winning (scalars, as Go)."""
         if type(obj) is not Repeated and obj.keys() <= self.names:
             return obj
         return dict(self.pairs(obj))
+
+
+_single_field = functools.lru_cache(maxsize=1024)(GoFields)
+
+
+def go_field(obj: Mapping[str, Any], name: str) -> Any:
+    """The value Go decodes into struct field ``name`` from ``obj`` (None when no key reaches it)."""
+    return _single_field(name).pick(obj).get(name)
 
 
 _MAP_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_float)
