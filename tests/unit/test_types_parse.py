@@ -488,3 +488,26 @@ def test_model_from_json_errors_are_result_errors(model, doc, message):
 )
 def test_model_from_json_inverts_to_json(model):
     assert type(model).from_json(model.to_json()) == model
+
+
+# Kept stricter than libcni on purpose (README, results): Go would hand on "<nil>" or panic.
+@pytest.mark.parametrize(
+    "doc",
+    [
+        b'{"cniVersion": "1.0.0", "interfaces": [{"name": "\xff"}]}',
+        b'{"cniVersion": "1.0.0", "interfaces": [null]}',
+        b'{"cniVersion": "1.0.0", "ips": [null]}',
+        b'{"cniVersion": "1.0.0", "routes": [{"gw": "10.0.0.1"}]}',
+        b'{"cniVersion": "1.0.0", "ips": [{"address": ""}]}',
+        b'{"cniVersion": "0.2.0", "ip4": {"ip": ""}}',
+    ],
+)
+def test_what_libcni_would_pass_on_as_nil_is_refused_on_purpose(doc):
+    with pytest.raises(ResultError):
+        parse_result(doc)
+
+
+def test_integers_beyond_2_to_the_53_stay_exact_on_purpose():
+    big = 2**53 + 1
+    result = parse_result(f'{{"cniVersion": "1.1.0", "routes": [{{"dst": "0.0.0.0/0", "mtu": {big}}}]}}')
+    assert result.routes[0].mtu == big
