@@ -136,21 +136,24 @@ def _bool_field(raw: Mapping[str, Any], key: str, source: str | None) -> bool:
     raise ConfigError(f"error parsing configuration list: invalid type for {key}", path=source)
 
 
-# types.PluginConf: its fields and the Go type each decodes into.
-_PLUGIN_CONF_TYPES = {
-    "cniVersion": "string",
-    "name": "string",
-    "type": "string",
-    "capabilities": "map[string]bool",
-    "ipam": "types.IPAM",
-    "dns": "types.DNS",
-    "prevResult": "map[string]interface {}",
-    "cni.dev/valid-attachments": "[]types.GCAttachment",
+# The Go structs a plugin config is decoded into (libcni's pkg/types): field -> Go type.
+_STRUCTS: dict[str, dict[str, str]] = {
+    "PluginConf": {
+        "cniVersion": "string",
+        "name": "string",
+        "type": "string",
+        "capabilities": "map[string]bool",
+        "ipam": "types.IPAM",
+        "dns": "types.DNS",
+        "prevResult": "map[string]interface {}",
+        "cni.dev/valid-attachments": "[]types.GCAttachment",
+    },
+    "types.IPAM": {"type": "string"},
+    "types.DNS": {"nameservers": "[]string", "domain": "string", "search": "[]string", "options": "[]string"},
+    "types.GCAttachment": {"containerID": "string", "ifname": "string"},
 }
-_PLUGIN_CONF = _json.GoFields(*_PLUGIN_CONF_TYPES)
-_IPAM = _json.GoFields("type")
-_DNS = _json.GoFields("nameservers", "domain", "search", "options")
-_GC_ATTACHMENT = _json.GoFields("containerID", "ifname")
+_FIELDS = {name: _json.GoFields(*fields) for name, fields in _STRUCTS.items()}
+_PLUGIN_CONF = _FIELDS["PluginConf"]
 
 
 class _Mismatch(Exception):
@@ -160,53 +163,33 @@ class _Mismatch(Exception):
         )
 
 
-def _check_struct(obj: dict[str, Any], fields: _json.GoFields, types: Mapping[str, str], where: str) -> None:
-    for name, value in fields.pairs(obj):
-        _check_value(value, types[name], f"{where}.{name}")
-
-
-def _check_value(value: Any, go_type: str, field: str) -> None:
-    """Raise :class:`_Mismatch` where Go's decoder would report a type error (``null`` never is)."""
+def _check(value: Any, go_type: str, field: str) -> None:
+    """Raise :class:`_Mismatch` where Go's decoder reports a type error (``null`` never is one)."""
     if value is None:
         return
-    if go_type == "string":
-        ok = isinstance(value, str)
-    elif go_type == "bool":
-        ok = isinstance(value, bool)
-    elif go_type.startswith("[]"):
+    if go_type.startswith("[]"):
         if not isinstance(value, list):
             raise _Mismatch(value, field, go_type)
         for item in value:
-            _check_value(item, go_type[2:], field)
-        return
-    elif go_type.startswith("map[") or go_type.startswith("types."):
+            _check(item, go_type[2:], field)
+    elif go_type in _STRUCTS or go_type.startswith("map["):
         if not isinstance(value, dict):
             raise _Mismatch(value, field, go_type)
-        if go_type == "map[string]bool":
+        if go_type in _STRUCTS:
+            types = _STRUCTS[go_type]
+            for name, item in _FIELDS[go_type].pairs(value):
+                _check(item, types[name], f"{field}.{name}")
+        elif go_type == "map[string]bool":
             for item in value.values():
-                _check_value(item, "bool", field)
-        elif go_type == "types.IPAM":
-            _check_struct(value, _IPAM, {"type": "string"}, field)
-        elif go_type == "types.DNS":
-            _check_struct(
-                value,
-                _DNS,
-                {"domain": "string"} | dict.fromkeys(("nameservers", "search", "options"), "[]string"),
-                field,
-            )
-        elif go_type == "types.GCAttachment":
-            _check_struct(value, _GC_ATTACHMENT, {"containerID": "string", "ifname": "string"}, field)
-        return
-    else:  # pragma: no cover - every PluginConf type is listed above
-        raise AssertionError(go_type)
-    if not ok:
+                _check(item, "bool", field)
+    elif not isinstance(value, str if go_type == "string" else bool):
         raise _Mismatch(value, field, go_type)
 
 
 def _plugin(raw: dict[str, Any], source: str | None, data: bytes = b"") -> NetworkConfig:
     """libcni's ``NetworkPluginConfFromBytes``: decode into ``types.PluginConf``, require a type."""
     try:
-        _check_struct(raw, _PLUGIN_CONF, _PLUGIN_CONF_TYPES, "PluginConf")
+        _check(raw, "PluginConf", "PluginConf")
     except _Mismatch as e:
         raise ConfigError(f"error parsing configuration: {e}", path=source) from None
     conf = NetworkConfig(raw=raw, source=source or "", data=data)
