@@ -20,6 +20,7 @@ __all__ = [
     "Repeated",
     "go_field",
     "go_fold",
+    "members_of",
     "loads",
     "dumps_compact",
     "go_escape",
@@ -60,6 +61,11 @@ class Repeated(dict):  # type: ignore[type-arg]
     pairs: list[tuple[str, Any]]
 
 
+def members_of(obj: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """All of a decoded object's members in document order, repeated keys included."""
+    return obj.pairs if type(obj) is Repeated else list(obj.items())
+
+
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj = dict(pairs)
     if len(obj) == len(pairs):
@@ -74,6 +80,11 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_
 # float64, so an integer literal beyond float64 range is an error there too.
 _FLOAT64_DECODER = json.JSONDecoder(
     parse_constant=_reject_constant, parse_float=_parse_float, parse_int=_float64_int, object_pairs_hook=_object
+)
+# Plain dicts: what Go keeps when it decodes into map[string]interface{} (a key's last value).
+_MAP_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_float)
+_FLOAT64_MAP_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_parse_float, parse_int=_float64_int
 )
 
 # Go's encoding/json folds a key onto an ASCII field name with simple case folding: ASCII
@@ -107,9 +118,8 @@ class GoFields:
     def pairs(self, obj: Mapping[str, Any]) -> list[tuple[str, Any]]:
         """``obj``'s members that reach a field, as ``(field, value)`` in document order
         (repeated keys included: Go decodes each in turn into the same field)."""
-        items = obj.pairs if type(obj) is Repeated else obj.items()
         out = []
-        for key, value in items:
+        for key, value in members_of(obj):
             name = self.lookup(key)
             if name is not None:
                 out.append((name, value))
@@ -128,12 +138,6 @@ _single_field = functools.lru_cache(maxsize=1024)(GoFields)
 def go_field(obj: Mapping[str, Any], name: str) -> Any:
     """The value Go decodes into struct field ``name`` from ``obj`` (None when no key reaches it)."""
     return _single_field(name).pick(obj).get(name)
-
-
-_MAP_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_float)
-_FLOAT64_MAP_DECODER = json.JSONDecoder(
-    parse_constant=_reject_constant, parse_float=_parse_float, parse_int=_float64_int
-)
 
 
 def loads(data: bytes | str, *, float64_numbers: bool = False, go_maps: bool = False) -> Any:

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .._json import GoFields, Repeated, go_kind, kind
+from .._json import GoFields, Repeated, go_kind, kind, members_of
 from ..errors import ResultError
 
 IPAddress = IPv4Address | IPv6Address
@@ -103,14 +103,10 @@ def object_keys(
     return ObjectKeys(GoFields(*names, *((ignored,) if ignored else ())), frozenset(whole), frozenset(nullable))
 
 
-def _items(obj: dict[Any, Any]) -> list[tuple[Any, Any]]:
-    return obj.pairs if type(obj) is Repeated else list(obj.items())
-
-
 def _concat(old: dict[Any, Any], new: dict[Any, Any]) -> Repeated:
     # Decoding two objects in turn into one Go struct (or map) is decoding their members in turn.
     merged = Repeated({**old, **new})
-    merged.pairs = _items(old) + _items(new)
+    merged.pairs = members_of(old) + members_of(new)
     return merged
 
 
@@ -119,23 +115,27 @@ def _clash(old: Any, new: Any) -> bool:
 
 
 def _merge(old: Any, new: Any, name: str, keys: ObjectKeys) -> Any:
-    """The value Go's decoder is left with after decoding ``new`` over ``old`` in field ``name``."""
+    """The value Go's decoder is left with after decoding ``new`` over ``old`` in field ``name``.
+
+    A value that a later one replaces is checked for its JSON type only (Go would also report
+    a bad value inside it, which pycni never decodes).
+    """
     if new is None:  # null resets slices and pointers; a struct, string or number keeps its value
         return None if isinstance(old, list) or name in keys.nullable else old
     if old is None:
         return new
     if _clash(old, new):
         raise Invalid(f"repeated key with clashing types: {kind(old)}, then {kind(new)}").at(name)
-    if name in keys.whole or not isinstance(new, (dict, list)):
-        return new
     if isinstance(new, dict):
-        return _concat(old, new)
+        return new if name in keys.whole else _concat(old, new)
+    if not isinstance(new, list):
+        return new
     # A slice keeps its elements and decodes the new ones into them (its length is the new one's).
     out = list(new)
     for i, (was, item) in enumerate(zip(old, new)):
         if _clash(was, item):
             raise Invalid(f"repeated key with clashing types: {kind(was)}, then {kind(item)}").at(i).at(name)
-        if isinstance(was, dict) and isinstance(item, dict):
+        if isinstance(was, dict) and isinstance(item, dict) and name not in keys.whole:
             out[i] = _concat(was, item)
     return out
 

@@ -224,6 +224,7 @@ def test_repeated_key_null_keeps_a_struct_and_clears_a_slice_like_go():
     [
         b'{"cniVersion": "1.0.0", "routes": {}, "routes": []}',
         b'{"cniVersion": "1.0.0", "interfaces": [5], "interfaces": [{"name": "a"}]}',
+        b'{"cniVersion": "1.0.0", "ips": [5], "ips": [{"address": "10.0.0.2/8"}]}',
         b'{"cniVersion": "0.4.0", "dns": {"domain": 1}, "DNS": {"domain": "d"}}',
     ],
 )
