@@ -50,6 +50,7 @@ __all__ = [
     "set_up",
     "set_down",
     "set_mac",
+    "set_link",
     "set_master",
     "set_brport",
     "set_port_vlans",
@@ -69,7 +70,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 T = TypeVar("T")
 
 # linux/if.h, linux/if_addr.h, linux/if_bridge.h, linux/rtnetlink.h
-IFF_UP, IFF_PROMISC = 0x1, 0x100
+IFF_UP, IFF_PROMISC, IFF_ALLMULTI = 0x1, 0x100, 0x200
 IFA_F_NODAD, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x08, 0x40
 BRIDGE_VLAN_INFO_PVID, BRIDGE_VLAN_INFO_UNTAGGED = 0x2, 0x4
 RT_TABLE_MAIN, RTPROT_BOOT = 254, 3
@@ -161,6 +162,7 @@ class Link:
     master: int
     peer_index: int
     operstate: str
+    txqlen: int = 0
 
     @property
     def up(self) -> bool:
@@ -182,6 +184,7 @@ def _link(msg: Any) -> Link:
         master=msg.get("master", 0),
         peer_index=msg.get("link", 0),
         operstate=msg.get("operstate", "UNKNOWN"),
+        txqlen=msg.get("txqlen", 0),
     )
 
 
@@ -291,6 +294,11 @@ def set_up(ipr: IPRoute, index: int, *, promisc: bool = False) -> None:
 
 def set_down(ipr: IPRoute, index: int) -> None:
     _call(ipr.link, "set", index=index, state="down")
+
+
+def set_link(ipr: IPRoute, index: int, **spec: Any) -> None:
+    """One RTM_SETLINK with pyroute2's link attributes (``mtu``, ``address``, ``txqlen``, ...)."""
+    _call(ipr.link, "set", index=index, **spec)
 
 
 def set_master(ipr: IPRoute, index: int, master: int) -> None:
