@@ -59,6 +59,7 @@ __all__ = [
     "add_address",
     "del_address",
     "add_route",
+    "del_route",
     "route_oif",
     "has_route",
     "wait_oper_up",
@@ -74,7 +75,7 @@ IFF_UP, IFF_PROMISC, IFF_ALLMULTI = 0x1, 0x100, 0x200
 IFA_F_NODAD, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x08, 0x40
 BRIDGE_VLAN_INFO_PVID, BRIDGE_VLAN_INFO_UNTAGGED = 0x2, 0x4
 RT_TABLE_MAIN, RTPROT_BOOT = 254, 3
-RT_SCOPE_UNIVERSE, RT_SCOPE_LINK = 0, 253
+RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_HOST, RT_SCOPE_NOWHERE = 0, 253, 254, 255
 #: ``lo``'s index in every namespace (LOOPBACK_IFINDEX; the kernel asserts it when creating lo).
 LOOPBACK_INDEX = 1
 
@@ -432,8 +433,10 @@ def add_route(
     priority: int = 0,
     table: int | None = None,
     scope: int | None = None,
+    src: str | None = None,
 ) -> None:
-    """Append a route (NLM_F_CREATE|NLM_F_APPEND, as the reference's ``RouteAddEcmp``)."""
+    """Append a route (NLM_F_CREATE|NLM_F_APPEND, as the reference's ``RouteAddEcmp``);
+    ``src`` is its preferred source address."""
     spec: dict[str, Any] = {
         "dst": str(dst),
         "oif": index,
@@ -445,7 +448,19 @@ def add_route(
         spec["gateway"] = gateway
     if priority:
         spec["priority"] = priority
+    if src:
+        spec["prefsrc"] = src
     _call(ipr.route, "append", **spec)
+
+
+def del_route(ipr: IPRoute, index: int, dst: IPNetwork) -> None:
+    """Delete the main-table route to ``dst`` through ``index``, whatever its scope and protocol
+    (the kernel's own prefix route included); a missing one is fine."""
+    try:
+        _call(ipr.route, "del", dst=str(dst), oif=index, table=RT_TABLE_MAIN, scope=RT_SCOPE_NOWHERE, proto=0)
+    except LinkError as e:
+        if e.errno != errno.ESRCH:
+            raise
 
 
 def route_oif(ipr: IPRoute, dst: str) -> int | None:
