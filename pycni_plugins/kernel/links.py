@@ -47,6 +47,7 @@ __all__ = [
     "random_veth_name",
     "ensure_bridge",
     "add_veth",
+    "add_link",
     "set_up",
     "set_down",
     "set_mac",
@@ -286,6 +287,18 @@ def add_veth(
     if master:
         host["master"] = master
     _call(ipr.link, "add", kind="veth", peer=peer, **host)
+
+
+def add_link(ipr: IPRoute, name: str, kind: str, *, mtu: int = 0, txqlen: int | None = None, up: bool = False) -> None:
+    """One RTM_NEWLINK for a device of ``kind`` that needs no more than these attributes (ifb)."""
+    spec: dict[str, Any] = {"ifname": name, "kind": kind}
+    if mtu > 0:
+        spec["mtu"] = mtu
+    if txqlen is not None:
+        spec["txqlen"] = txqlen
+    if up:
+        spec["state"] = "up"
+    _call(ipr.link, "add", **spec)
 
 
 def set_up(ipr: IPRoute, index: int, *, promisc: bool = False) -> None:
