@@ -42,7 +42,7 @@ from pycni._json import go_kind
 from pycni.plugin import Plugin, PluginRequest
 from pycni.types import Interface, Result
 
-from ._common import Fields, attachment, dry_run, emit, fail, gc_report, prev_result, valid_attachments
+from ._common import attachment, dry_run, emit, fail, gc_report, prev_result, valid_attachments
 from .kernel import links, nft, tc
 from .kernel.state import Records
 
@@ -98,7 +98,6 @@ def _validate_pair(rate: int, burst: int) -> None:
 def load_config(request: PluginRequest) -> Bandwidth | None:
     """The bandwidth to apply (``None``: none configured), validated as upstream and by
     :func:`~.kernel.tc.tbf_params`."""
-    Fields(request.config, "failed to parse network configuration")
     if any(key in request.config for key in _KEYS):
         bw = _entry(request.config, "PluginConf")
     else:

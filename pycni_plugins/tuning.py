@@ -288,14 +288,12 @@ def _apply(request: PluginRequest, conf: TuningConfig, resolved: list[tuple[str,
             raise
 
 
-def _restore(ifname: str, saved: Mapping[str, Any]) -> bool:
-    """Put back the saved attributes; False when the interface is gone (nothing to restore)."""
+def _restore(ifname: str, saved: Mapping[str, Any]) -> None:
+    """Put back the saved attributes (an interface that is gone has nothing to restore)."""
     with links.iproute() as ipr:
         link = links.get_link(ipr, ifname)
-        if link is None:
-            return False
-        _set(ipr, link, saved)
-    return True
+        if link is not None:
+            _set(ipr, link, saved)
 
 
 def _check(request: PluginRequest, conf: TuningConfig, resolved: list[tuple[str, str]]) -> None:

@@ -276,3 +276,75 @@ def test_the_allowlist_refuses_unlisted_sysctls(twins, tmp_path, monkeypatch):
     assert _state(twin) == before
     twin.run("tuning", "ADD", _conf(twin, sysctl={"net.ipv4.conf.IFNAME.arp_ignore": "1"}))
     assert _state(twin)["sysctls"]["net/ipv4/conf/eth0/arp_ignore"] == "1"
+
+
+def test_a_second_add_keeps_the_original_values_for_del(twins):
+    for impl in ("inproc", "exec"):
+        twin = twins[impl]
+        veth_into(twin, ctr_mac=CTR_MAC)
+        before = _state(twin)
+        twin.run("tuning", "ADD", _conf(twin, mtu=1400, mac="02:00:00:00:cc:02"))
+        twin.run("tuning", "ADD", _conf(twin, mtu=1300, mac="02:00:00:00:cc:03"))
+        twin.run("tuning", "DEL", _conf(twin, mtu=1300))
+        assert _state(twin)["links"] == before["links"], impl
+
+
+# --- podman's default network ---------------------------------------------------------------------
+
+
+def _podman_conflist(data_dir: str) -> bytes:
+    """podman's 87-podman-bridge.conflist, with the subnet and IPAM dataDir moved to test space,
+    and the ``mac`` capability on tuning (as podman's ``--mac-address`` uses it)."""
+    import json
+
+    return json.dumps(
+        {
+            "cniVersion": "0.4.0",
+            "name": "podman",
+            "plugins": [
+                {
+                    "type": "bridge",
+                    "bridge": "cni-podman0",
+                    "isGateway": True,
+                    "ipMasq": True,
+                    "hairpinMode": True,
+                    "ipam": {
+                        "type": "host-local",
+                        "routes": [{"dst": "0.0.0.0/0"}],
+                        "ranges": [[{"subnet": "198.18.0.0/24", "gateway": "198.18.0.1"}]],
+                        "dataDir": data_dir,
+                    },
+                },
+                {"type": "portmap", "capabilities": {"portMappings": True}},
+                {"type": "firewall"},
+                {"type": "tuning", "capabilities": {"mac": True}},
+            ],
+        }
+    ).encode()
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "exec"])
+def test_podmans_default_conflist_runs_on_pycnis_plugins(make_netns, tmp_path, pycni_bindir, backend, monkeypatch):
+    from pycni import testing
+    from pycni.config import conflist_from_bytes
+    from pycni.request import RuntimeConf
+    from pycni.runtime import Runtime
+
+    monkeypatch.setenv("PYCNI_STATE_DIR", str(tmp_path / "state"))
+    host, ctr = make_netns("host"), make_netns("c")
+    runtime = Runtime([pycni_bindir], cache_dir=str(tmp_path / "cache"), backend=backend, host_netns=host.path)
+    network = conflist_from_bytes(_podman_conflist(str(tmp_path / "ipam")))
+    caps = {"mac": "02:00:00:00:ee:05", "portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]}
+    rt = RuntimeConf("podctr", ctr.path, "eth0", capability_args=caps)
+    result = runtime.add_network_list(network, rt)
+    eth0 = next(i for i in result.interfaces if i.name == "eth0")
+    assert eth0.mac == "02:00:00:00:ee:05"
+    assert read_state(ctr.path)["links"]["eth0"]["mac"] == "02:00:00:00:ee:05"
+    runtime.check_network_list(network, rt)
+    ip = str(result.ips[0].address.ip)
+    with testing.TCPEchoServer(ctr.path, 80):
+        assert testing.tcp_echo(host.path, "198.18.0.1", 8080)
+    assert testing.ping(host.path, ip)
+    runtime.delete_network_list(network, rt)
+    assert read_state(ctr.path)["links"].keys() == {"lo"}
+    assert not list((tmp_path / "state" / "tuning").glob("*"))
