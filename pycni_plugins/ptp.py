@@ -41,7 +41,6 @@ import attrs
 
 from pycni import netns
 from pycni.errors import CNIError
-from pycni.invoke import find_plugin
 from pycni.plugin import Plugin, PluginRequest, builtin_plugin, delegate
 from pycni.types import DNS, Interface, IPConfig, Result, Route
 
@@ -79,7 +78,7 @@ class PtpConfig:
 def load_config(request: PluginRequest) -> PtpConfig:
     f = Fields(request.config, "failed to load netconf")
     ip_masq = f.flag("ipMasq")
-    f.string("ipMasqBackend")
+    f.string("ipMasqBackend")  # type-checked as upstream; masquerade is always nftables here
     mtu = f.integer("mtu")
     if mtu < 0:
         raise f.error(f"invalid MTU {mtu}")
@@ -184,13 +183,9 @@ class PtpPlugin(Plugin):
 
     def validate(self, request: PluginRequest) -> None:
         conf = load_config(request)
-        if not conf.ipam_type:
-            return
-        ipam = builtin_plugin(conf.ipam_type)
-        if ipam is not None:
+        ipam = builtin_plugin(conf.ipam_type) if conf.ipam_type else None
+        if ipam is not None:  # an exec'd IPAM plugin runs first in ADD, before anything is made
             ipam.validate(request)
-        else:
-            find_plugin(conf.ipam_type, request.path)
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
         conf = load_config(request)
