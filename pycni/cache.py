@@ -32,7 +32,7 @@ import attrs
 from . import _json
 from .config import NAME_PATTERN
 from .errors import CacheError, ErrorCode, InvalidArgumentError
-from .request import validate_container_id, validate_ifname
+from .request import validate_attachment_key
 
 __all__ = ["ResultsCache", "CachedAttachment", "DEFAULT_CACHE_DIR", "CACHE_KIND"]
 
@@ -132,8 +132,7 @@ def _check_key(network: str, container_id: str, ifname: str) -> None:
         )
     if not NAME_PATTERN.fullmatch(network):
         raise InvalidArgumentError("invalid characters found in network name", network, code=7)
-    validate_container_id(container_id)
-    validate_ifname(ifname)
+    validate_attachment_key(network, container_id, ifname)
 
 
 class ResultsCache:
@@ -190,7 +189,7 @@ class ResultsCache:
         name = self.file_name(entry.network, entry.container_id, entry.ifname)
         data = entry.to_bytes()
         dfd = self._open_dir(self.results_dir, create=True)
-        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+        tmp = f".{secrets.token_hex(8)}.tmp"  # not derived from name: a 255-byte name must fit
         try:
             try:
                 fd = os.open(

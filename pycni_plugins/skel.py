@@ -31,9 +31,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NoReturn, TextIO
 
+from pycni import _json
 from pycni._json import go_escape
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import Plugin, PluginRequest, builtin_plugin
+from pycni.plugin import Plugin, PluginRequest, builtin_plugin, validate_attachment_key, validate_container_id
 
 __all__ = ["run", "main"]
 
@@ -55,24 +56,6 @@ def _dump(obj: Any, *, sort: bool) -> str:
     return go_escape(json.dumps(obj, indent=4, sort_keys=sort, ensure_ascii=False))
 
 
-def _validate_ifname(name: str) -> None:
-    if not name:
-        raise _error("interface name is empty", ErrorCode.INVALID_ENVIRONMENT_VARIABLES)
-    if len(name) > 15:
-        raise _error(
-            "interface name is too long",
-            ErrorCode.INVALID_ENVIRONMENT_VARIABLES,
-            "interface name should be less than 16 characters",
-        )
-    if name in (".", ".."):
-        raise _error("interface name is . or ..", ErrorCode.INVALID_ENVIRONMENT_VARIABLES)
-    for c in name:
-        if c in "/:" or c.isspace():
-            raise _error(
-                "interface name contains / or : or whitespace characters", ErrorCode.INVALID_ENVIRONMENT_VARIABLES
-            )
-
-
 def _request(env: Mapping[str, str], stdin: bytes) -> PluginRequest:
     command = env.get("CNI_COMMAND", "")
     missing = [name for name, cmds in _REQUIRED if (command in cmds or name == "CNI_COMMAND") and not env.get(name)]
@@ -81,23 +64,20 @@ def _request(env: Mapping[str, str], stdin: bytes) -> PluginRequest:
     config: Any = {}
     if command != "VERSION":
         try:
-            config = json.loads(stdin or b"null")
-        except (ValueError, UnicodeDecodeError) as e:
+            config = _json.loads(stdin)
+        except _json.JSONDecodeFailure as e:
             raise _error(f"error unmarshall network config: {e}", ErrorCode.DECODING_FAILURE) from None
         if not isinstance(config, dict):
             raise _error("error unmarshall network config: not a JSON object", ErrorCode.DECODING_FAILURE)
         if command in ("ADD", "CHECK", "DEL"):
             cid = env.get("CNI_CONTAINERID", "")
-            if not cid:
-                raise _error("missing containerID", ErrorCode.UNKNOWN_CONTAINER)
-            if not _NAME.fullmatch(cid):
-                raise _error("invalid characters in containerID", ErrorCode.INVALID_ENVIRONMENT_VARIABLES, cid)
+            validate_container_id(cid)
             name = config.get("name")
             if not isinstance(name, str) or not name:
                 raise _error("missing network name", ErrorCode.INVALID_NETWORK_CONFIG)
             if not _NAME.fullmatch(name):
                 raise _error("invalid characters found in network name", ErrorCode.INVALID_NETWORK_CONFIG, name)
-            _validate_ifname(env.get("CNI_IFNAME", ""))
+            validate_attachment_key(name, cid, env.get("CNI_IFNAME", ""))
     path = tuple(p for p in env.get("CNI_PATH", "").split(":") if p)
     return PluginRequest(
         command=command,

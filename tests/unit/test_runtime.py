@@ -81,12 +81,25 @@ class TestAdd:
             (RuntimeConf(container_id=""), "missing containerID"),
             (RuntimeConf(container_id="-bad"), "invalid characters in containerID"),
             (RuntimeConf(container_id="ok", ifname="toolonginterface0"), "interface name is too long"),
+            (RuntimeConf(container_id="ok", ifname="é" * 9), "interface name is too long"),
+            # testnet-<id>-eth0 longer than a file name: the cache write would fail after the plugins ran
+            (RuntimeConf(container_id="c" * 243), "containerID is too long"),
+            (RuntimeConf(container_id="c" * 4100), "containerID is too long"),
+            (RuntimeConf(container_id="c" * 5000), "containerID is too long"),
         ],
     )
     def test_validation_before_any_exec(self, runtime, fake_plugins, rt, message):
-        with pytest.raises(InvalidArgumentError, match=message):
+        with pytest.raises(InvalidArgumentError, match=message) as info:
             runtime.add_network_list(net(fake_plugins, fake_plugins.plugin("fake-a")), rt)
         assert fake_plugins.calls() == []
+        assert info.value.code == (3 if not rt.container_id else 4)
+
+    def test_the_longest_id_whose_cache_file_fits_works(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"))
+        rt = RuntimeConf(container_id="c" * 242)  # len("testnet-" + id + "-eth0") == 255
+        runtime.add_network_list(n, rt)
+        assert runtime.cache.read("testnet", rt.container_id, "eth0") is not None
+        runtime.delete_network_list(n, rt)
 
     def test_network_name_validated(self, runtime, fake_plugins):
         n = net(fake_plugins, fake_plugins.plugin("fake-a"), name="bad name")
@@ -466,3 +479,9 @@ class TestReconcile:
         assert sorted(a.container_id for a in runtime.get_cached_attachments()) == ["alive", "dead"]
         assert collector.gc_calls[0]["pycni.dev/dry-run"] is True
         assert report.collected == ("fake-a: lease 198.18.0.9 of ghost/eth0 (would)",) and report.dry_run
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1.0, 0, float("inf")])
+def test_the_runtime_refuses_a_timeout_that_is_not_a_finite_positive_number(tmp_path, timeout):
+    with pytest.raises(InvalidArgumentError, match="invalid plugin timeout"):
+        Runtime([], cache_dir=str(tmp_path), backend="exec", timeout=timeout)
