@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 
 from . import _json
+from ._fs import check_private_dir
 from .config import NAME_PATTERN
 from .errors import CacheError, ErrorCode, InvalidArgumentError
 from .request import validate_attachment_key
@@ -44,6 +45,11 @@ def _unwritable(e: BaseException) -> bool:
     if isinstance(e, OSError):
         return e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
     return "read-only" in str(e).lower() or "permission denied" in str(e).lower()
+
+
+def _ours(fd: int) -> bool:
+    """Whether this uid owns the open entry: another uid's entry is never acted on."""
+    return os.fstat(fd).st_uid == os.geteuid()
 
 
 DEFAULT_CACHE_DIR = "/var/lib/cni"
@@ -154,7 +160,9 @@ class ResultsCache:
     # -- directories -------------------------------------------------------------------
 
     def _open_dir(self, path: str, *, create: bool) -> int:
-        """Open a cache subdirectory (0700) without following a symlink planted in its place."""
+        """Open a cache subdirectory (0700) without following a symlink planted in its place;
+        refused unless it is private to this uid, as the plugins' state dir is: its entries
+        decide what DEL and GC act on."""
         if create:
             try:
                 os.makedirs(self.root, mode=0o700, exist_ok=True)
@@ -164,12 +172,18 @@ class ResultsCache:
             except OSError as e:
                 raise CacheError(f"failed to create cache dir {path}: {e.strerror}") from None
         try:
-            return os.open(path, _DIR_FLAGS)
+            fd = os.open(path, _DIR_FLAGS)
         except OSError as e:
             if e.errno == errno.ENOENT and not create:
                 raise
             reason = "is a symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
             raise CacheError(f"cannot use cache dir {path}: {reason}") from None
+        try:
+            check_private_dir(fd, f"cache dir {path}")
+        except PermissionError as e:
+            os.close(fd)
+            raise CacheError(f"refusing cache dir {path}: {e.strerror}", code=ErrorCode.IO_FAILURE) from None
+        return fd
 
     def ensure_writable(self) -> None:
         """Fail now, with a clear error, if entries could not be written later."""
@@ -230,6 +244,10 @@ class ResultsCache:
         finally:
             os.close(dfd)
         with os.fdopen(fd, "rb") as f:
+            if not _ours(fd):
+                raise CacheError(
+                    f"refusing cache file {os.path.join(self.results_dir, name)}: not owned by uid {os.geteuid()}"
+                )
             return f.read()
 
     def read(self, network: str, container_id: str, ifname: str) -> CachedAttachment | None:
@@ -268,10 +286,11 @@ class ResultsCache:
             os.close(dfd)
 
     def attachments(self, container_id: str | None = None) -> list[CachedAttachment]:
-        """Every readable ``cniCacheV1`` entry (sorted by file name); unreadable ones are skipped."""
+        """Every readable ``cniCacheV1`` entry this uid owns (sorted by file name); unreadable
+        ones are skipped. A cache dir that cannot be trusted raises :class:`CacheError`."""
         try:
             dfd = self._open_dir(self.results_dir, create=False)
-        except (FileNotFoundError, CacheError):
+        except FileNotFoundError:
             return []
         found = []
         try:
@@ -283,6 +302,8 @@ class ResultsCache:
                 try:
                     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
                     with os.fdopen(fd, "rb") as f:
+                        if not _ours(fd):
+                            continue
                         entry = CachedAttachment.from_json(_json.loads(f.read()))
                 except (OSError, _json.JSONDecodeFailure, CacheError):
                     continue
