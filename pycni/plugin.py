@@ -33,10 +33,14 @@ __all__ = [
     "validate_container_id",
     "validate_ifname",
     "validate_attachment_key",
+    "PARENT_PID_ENV",
 ]
 
 COMMANDS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")
 ENTRY_POINT_GROUP = "pycni.plugins"
+#: Set by pycni for every plugin it execs: the PID of the process that exec'd it, so an installed
+#: pycni plugin can tell at start-up that its runtime died before it got going.
+PARENT_PID_ENV = "PYCNI_PARENT_PID"
 _ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _NAME_MAX = 255  # bytes in one file name (ext4, tmpfs, xfs, btrfs)
 
