@@ -13,9 +13,10 @@ uses, so both paths are one code path inside the plugin. Output as Go's skel pri
   as ``CNI_NETNS`` is refused before anything changes (:meth:`pycni.plugin.Plugin.handle`).
 
 GC prints nothing on success (a built-in plugin's report of what it collected is for the
-in-process runtime only). An installed plugin dies with the process that exec'd it, and one
-whose runtime died while it was starting stops before changing anything: a runtime killed
-mid-ADD must not leave its plugin running on, racing the DEL that recovers from the crash.
+in-process runtime only). An installed plugin dies with the process that exec'd it (at once
+under pycni, within 20 ms under another runtime), and one whose runtime died while it was
+starting stops before changing anything: a runtime killed mid-ADD must not leave its plugin
+running on, racing the DEL that recovers from the crash.
 
 Usage: ``python -m pycni_plugins.skel <type>`` or :func:`main` from a generated script
 (:mod:`.install`).
@@ -121,6 +122,7 @@ def _load(target: str) -> Plugin:
 
 
 _PR_SET_PDEATHSIG = 1
+_WATCH_PARENT = 0.02
 
 
 def _parent_alive(pid: int) -> bool:
@@ -131,27 +133,49 @@ def _parent_alive(pid: int) -> bool:
         return False
 
 
-def _die_with_parent() -> None:
-    """Have the kernel SIGKILL this process when the process that exec'd it dies
-    (``PR_SET_PDEATHSIG``), and stop now if it is already gone.
+def _orphaned() -> NoReturn:
+    sys.stderr.write("pycni plugin: the process that exec'd it is gone; stopping before changing anything\n")
+    os._exit(1)
 
-    The signal only covers deaths after the ``prctl``; a runtime killed while this interpreter
-    was starting has already left it to init or a subreaper. So: the parent must be neither
-    PID 1 nor, when pycni exec'd it, anything but the PID pycni passed (``PYCNI_PARENT_PID``)
-    unless that process still lives (a foreign plugin in between, e.g. a Go bridge delegating to
-    this IPAM plugin with its environment). Nothing has been changed yet, so stopping here
-    leaves nothing a DEL could not clean. Costs ~2 ms (``ctypes``; plugins that enter a
-    namespace import it anyway).
+
+def _die_with_parent() -> None:
+    """Die with the process that exec'd this one, and stop now if it is already gone.
+
+    A runtime killed while this interpreter was starting has already left it to init or a
+    subreaper, so the parent must be neither PID 1 nor, when pycni exec'd it, anything but the
+    PID pycni passed (``PYCNI_PARENT_PID``) unless that process still lives (a foreign plugin in
+    between, e.g. a Go bridge delegating to this IPAM plugin with its environment). Nothing has
+    been changed yet, so stopping here leaves nothing a DEL could not clean.
+
+    From then on: under pycni, whose calling thread waits for the plugin, the kernel kills it
+    with that thread (``PR_SET_PDEATHSIG``, ~2 ms for ``ctypes``, which plugins that enter a
+    namespace import anyway). The signal follows the forking *thread*, which a foreign runtime
+    (Go) may end while its child runs, so under any other parent a watcher thread compares the
+    parent PID every 20 ms instead.
     """
-    import ctypes
     import signal
 
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     parent = os.getppid()
     expected = os.environ.get(PARENT_PID_ENV, "")
-    if parent == 1 or (expected.isdigit() and int(expected) != parent and not _parent_alive(int(expected))):
-        sys.stderr.write(f"pycni plugin: the process that exec'd it ({expected or 'parent'}) is gone; stopping\n")
-        os._exit(1)
+    if expected == str(parent):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # died before the prctl took effect
+            _orphaned()
+        return
+    if parent == 1 or (expected.isdigit() and not _parent_alive(int(expected))):
+        _orphaned()
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(_WATCH_PARENT)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
 def main(plugin_type: str, target: str | None = None) -> NoReturn:
