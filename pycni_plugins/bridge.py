@@ -353,7 +353,14 @@ class BridgePlugin(Plugin):
         # MACAddressPolicy=persistent leaves an explicitly set host-side MAC alone.
         container_mac = conf.mac or links.random_mac()
         previous = _LINKS.load(att.key)
-        undo.append(lambda: _restore_record(att, previous))
+        if isinstance(previous, dict) and _host_veth(previous) is not None:
+            # Another ADD of this attachment is alive (its veth is there): anything done here
+            # would take its record, elements and lease over, and undoing it would free them.
+            raise fail(
+                f"attachment {att.container_id}/{att.ifname} of network {att.network} already exists "
+                f'(host veth "{previous["host"]}" on bridge "{previous.get("bridge")}"): DEL it first'
+            )
+        undo.append(lambda: _LINKS.store(att.key, _nothing_created(att, conf)))
         host_name, host_mac = self._add_veth(request, conf, ipr, fd, br, container_mac, att)
         undo.append(lambda: links.delete_link(host_name))
         failpoint("bridge.add.after-veth")
@@ -460,8 +467,10 @@ class BridgePlugin(Plugin):
         result: Result,
         undo: list[Callable[[], Any]],
     ) -> Result:
-        undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
         raw = delegate(request, conf.ipam_type, "ADD")
+        # Only now: a refused IPAM ADD ("duplicate allocation") leased nothing, and its DEL
+        # would release what another ADD of this attachment holds.
+        undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
         failpoint("bridge.add.after-ipam")
         ipam = ipam_result(raw, request)
         if not ipam.ips:
@@ -495,7 +504,20 @@ class BridgePlugin(Plugin):
 
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)
-        if request.netns:
+        att = attachment(request)
+        record = _LINKS.load(att.key)
+        if isinstance(record, dict):
+            # Only the veth the record names, and only while it is still that veth: deleting
+            # the host end takes the container end with it, wherever the namespace is (its
+            # path may be gone, or empty, while it lives on). An ``eth0`` in the container
+            # that this attachment did not make (a failed ADD's record names none) is kept.
+            try:
+                _delete_host_veth(record)
+            except links.LinkError as e:
+                raise fail(f'failed to delete "{record.get("host")}": {e.strerror}') from e
+        elif request.netns:
+            # No record: made by the reference plugin, or the state dir was lost. As the
+            # reference does, the container interface goes by name.
             try:
                 netns.run_in(request.netns, links.delete_link, request.ifname)
             except netns.NetnsError as e:
@@ -503,17 +525,7 @@ class BridgePlugin(Plugin):
                     raise fail(str(e)) from e
             except links.LinkError as e:
                 raise fail(f'failed to delete "{request.ifname}": {e.strerror}') from e
-            failpoint("bridge.del.after-container")
-        att = attachment(request)
-        record = _LINKS.load(att.key)
-        if isinstance(record, dict):
-            # The netns path may be gone (or empty) while the namespace lives on: the host
-            # end is then still there, and deleting it takes the container end with it.
-            try:
-                _delete_host_veth(record)
-            except links.LinkError as e:
-                raise fail(f'failed to delete "{record.get("host")}": {e.strerror}') from e
-            failpoint("bridge.del.after-link")
+        failpoint("bridge.del.after-link")
         # nftables state first: it comes from the attachment's records, needs neither the
         # netns nor the link, and must not stay behind when IPAM DEL fails.
         nft.release("spoofchk", att)
@@ -616,11 +628,9 @@ def _remembered_mac(bridge: str) -> str | None:
     return None
 
 
-def _restore_record(att: nft.Attachment, previous: Any) -> None:
-    if previous is None:
-        _LINKS.remove(att.key)
-    else:
-        _LINKS.store(att.key, previous)
+def _nothing_created(att: nft.Attachment, conf: BridgeConfig) -> dict[str, Any]:
+    """The record a failed ADD leaves: it made no veth, so its DEL deletes no interface."""
+    return {"attachment": attrs.asdict(att), "bridge": conf.bridge, "host": None}
 
 
 def _host_veth(record: dict[str, Any]) -> str | None:
