@@ -88,6 +88,8 @@ __all__ = [
     "release",
     "missing",
     "holder",
+    "map_elements",
+    "recorded",
     "Found",
     "attachments",
     "remove",
@@ -419,9 +421,7 @@ def _conflict(attachment: Attachment, elements: Iterable[Element]) -> ElementCon
             owner = " ".join(held.split(" ")[2:]) or "an element without an owner"
             kind = "set" if e.data is None else "map"
             error = ElementConflict(
-                f"element {e.key} of {kind} {e.set} of table {e.family} {TABLE} "
-                f"belongs to another attachment ({owner})",
-                "nothing was changed",
+                f"element {e.key} of {kind} {e.set} of table {e.family} {TABLE} belongs to another attachment ({owner})"
             )
             error.element, error.holder = e, held
             return error
@@ -434,6 +434,7 @@ def apply(
     elements: Sequence[Element],
     sections: Sequence[Section] = (),
     shared: Sequence[Element] = (),
+    absent: Sequence[Element] = (),
 ) -> None:
     """Make ``elements`` the attachment's elements for ``owner``, in one transaction.
 
@@ -443,7 +444,8 @@ def apply(
     elements (e.g. a bridge's isolation entries) are added in the same transaction but belong
     to no attachment: they are neither recorded nor commented, and no DEL removes them. A
     wanted element another attachment holds refuses the whole ADD (:class:`ElementConflict`),
-    nothing changed.
+    nothing changed; so does an ``absent`` element's key (probed in the same transaction by
+    "create, delete": EEXIST when anyone holds it) held by another attachment.
     """
     if sections:
         ensure(sections)  # a no-op within VERIFY_EVERY of the last verification
@@ -455,18 +457,20 @@ def apply(
     failpoint(f"nft.apply.{owner}.after-record")
     comment = attachment.comment(owner)
     extra = [e.add() for e in shared]
+    keys = {(e.family, e.set, e.key) for e in wanted}
+    probes = [e for e in absent if (e.family, e.set, e.key) not in keys]
     try:
         try:
-            _commit([*_drop(stale), *(e.create(comment) for e in wanted), *extra], sections)
+            _commit([*_drop(stale), *(e.create(comment) for e in wanted), *_probe(probes), *extra], sections)
         except ElementConflict:
-            conflict = _conflict(attachment, wanted)
+            conflict = _conflict(attachment, [*wanted, *probes])
             if conflict is not None:
                 raise conflict from None
-            # Every wanted element that is there is ours already (a repeated ADD): keep those.
+            # Every key that is there is ours already (a repeated ADD): keep those.
             prefix = attachment.key + " "
-            ours = {e for e in wanted if (holder(e) or "").startswith(prefix)}
+            ours = {e for e in [*wanted, *probes] if (holder(e) or "").startswith(prefix)}
             again = [e.add(comment) if e in ours else e.create(comment) for e in wanted]
-            _commit([*_drop(stale), *again, *extra], sections)
+            _commit([*_drop(stale), *again, *_probe([e for e in probes if e not in ours]), *extra], sections)
     except BaseException:
         if loaded is not None:
             _store(attachment, owner, *loaded)
@@ -474,6 +478,29 @@ def apply(
             _RECORDS.remove(_record_name(attachment, owner))
         raise
     _store(attachment, owner, wanted)
+
+
+def _probe(elements: Iterable[Element]) -> list[str]:
+    return [c for e in elements for c in (e.create("probe"), e.delete())]
+
+
+def map_elements(family: str, name: str) -> list[Found]:
+    """The commented elements of one map of pycni's table. O(its size): no other set is read
+    (for small maps, such as the host-IP-specific host ports)."""
+    command = {"nftables": [{"list": {"map": {"family": family, "table": TABLE, "name": name}}}]}
+    rc, out, _ = _context().json_cmd(command)
+    found: list[Found] = []
+    for obj in (out or {}).get("nftables", ()) if rc == 0 else ():
+        for key, data in (obj.get("map") or {}).get("elem", ()):
+            if isinstance(key, dict) and "elem" in key and key["elem"].get("comment"):
+                found.append(Found(key["elem"]["comment"], family, name, key["elem"]["val"], data))
+    return found
+
+
+def recorded(owner: str, attachment: Attachment) -> list[Element] | None:
+    """The attachment's committed elements for ``owner`` (``None``: no record)."""
+    loaded = _load(attachment, owner)
+    return None if loaded is None else _owned(attachment, loaded)
 
 
 def _owned(attachment: Attachment, loaded: tuple[list[Element], list[Element]] | None) -> list[Element]:
