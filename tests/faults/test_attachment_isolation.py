@@ -34,7 +34,7 @@ def test_a_failed_add_of_an_attachment_held_elsewhere_keeps_its_lease(world):
     a, b, c = (world.make_netns("c") for _ in range(3))
     [ip] = world.add("dupx", a.path)
     leases = world.leases()
-    with pytest.raises(CNIError, match="attachment dupx/eth0 of network crashnet already exists"):
+    with pytest.raises(CNIError):  # today: "attachment dupx/eth0 of network crashnet already exists"
         world.add("dupx", b.path)
     assert set(links(b.path)) == {"lo"}
     _intact(world, "dupx", a, ip, leases)
@@ -104,7 +104,7 @@ def test_cli_exec_a_failed_add_of_an_attachment_held_elsewhere_keeps_its_lease(w
     ip = out["ips"][0]["address"].split("/")[0]
     leases = world.leases()
     proc = cli("add", b.path, "dupx")
-    assert proc.returncode == 1 and "already exists" in proc.stderr, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     assert set(links(b.path)) == {"lo"}
     assert world.leases() == leases
     _ok(cli("check", a.path, "dupx"))
