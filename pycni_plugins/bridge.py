@@ -20,6 +20,16 @@ error texts follow containernetworking/plugins v1.9.1. Where pycni differs, on p
   veth left behind (a netns path gone while the namespace lives on), GC deletes the veths of
   attachments it was not told are valid, and an ADD that has to re-create a deleted bridge
   gives it its old MAC and re-enslaves the surviving veths of the earlier attachments;
+* an ADD or its undo, and a DEL, remove only what the attachment's record says it made: a
+  failed ADD leaves a record naming no veth (``"host": null``), so its DEL (a runtime's
+  rollback included) deletes no interface; with a record, DEL deletes the recorded host veth
+  (taking the container end with it) and never a container interface by name; only a DEL
+  without any record (an attachment made by the reference plugin, a lost state dir, a
+  repeated DEL) deletes ``CNI_IFNAME`` in the container by name, as the reference does, and
+  even then not when it is the veth of another attachment's record. An ADD for an attachment
+  whose recorded veth is still there (same container ID and ifname, any netns) is refused
+  before anything is made, and the IPAM DEL of the undo is registered only once the IPAM ADD
+  succeeded, so a refused ADD never releases the address an earlier ADD holds;
 * GC (spec 1.1) goes to the IPAM plugin too, and collects the masquerade and spoof-check
   elements and the records and veths of attachments not in ``cni.dev/valid-attachments``;
   STATUS is the IPAM plugin's; CHECK also verifies the masquerade and spoof-check elements and

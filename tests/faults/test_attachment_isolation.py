@@ -76,11 +76,11 @@ def cli(world, tmp_path):
     conf_dir.mkdir()
     (conf_dir / "10-crash.conflist").write_text(world.conflist_text)
 
-    def run(verb: str, ns: str, cid: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    def run(verb: str, ns: str, cid: str, *extra: str, ports=None) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-m", "pycni.cli", verb, world.network.name, ns, "--container-id", cid, *extra]
         argv += ["--conf-dir", str(conf_dir), "--cache-dir", str(world.cache_dir)]
         argv += ["--plugin-path", str(bindir), "--backend", "exec"]
-        env = world.env(CAP_ARGS=json.dumps({"portMappings": world.ports(cid)}))
+        env = world.env(CAP_ARGS=json.dumps({"portMappings": world.ports(cid) if ports is None else ports}))
         return subprocess.run(
             ["nsenter", f"--net={world.host.path}", *argv],
             cwd=str(REPO),
@@ -132,3 +132,22 @@ def test_cli_exec_rollback_into_a_namespace_another_attachment_uses_leaves_it_al
     assert world.ping(ip)
     _ok(cli("del", ns.path, "vic2"))
     assert world.leftovers(ns) == {}
+
+
+def test_cli_exec_a_host_ip_mapping_cannot_shadow_another_containers_port_on_every_address(world, cli):
+    """c1 publishes 18080 on every address; c2 asks for 18080 on the gateway address: refused,
+    the message says what the earlier plugins left and that DEL removes it; c1 stays reachable."""
+    c1, c2 = world.make_netns("c"), world.make_netns("c")
+    _ok(cli("add", c1.path, "c1", ports=[{"hostPort": 18080, "containerPort": 80}]))
+    before = world.nft_elements()
+    one = [{"hostPort": 18080, "containerPort": 80, "hostIP": "198.18.64.1"}]
+    proc = cli("add", c2.path, "c2", ports=one)
+    assert proc.returncode == 1, proc.stderr
+    assert "host port 18080/tcp is already mapped by another container (crashnet c1 eth0)" in proc.stderr
+    assert "portmap changed nothing" in proc.stderr and "a DEL of this attachment removes it" in proc.stderr
+    assert [e for e in world.nft_elements() if "hostports" in e] == [e for e in before if "hostports" in e]
+    _ok(cli("check", c1.path, "c1", ports=[{"hostPort": 18080, "containerPort": 80}]))
+    _ok(cli("del", c2.path, "c2", ports=one))
+    assert world.nft_elements() == before
+    _ok(cli("del", c1.path, "c1"))
+    assert world.leftovers() == {}
