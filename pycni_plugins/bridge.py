@@ -526,10 +526,13 @@ class BridgePlugin(Plugin):
             except links.LinkError as e:
                 raise fail(f'failed to delete "{record.get("host")}": {e.strerror}') from e
         elif request.netns:
-            # No record: made by the reference plugin, or the state dir was lost. As the
-            # reference does, the container interface goes by name.
+            # No record: made by the reference plugin, the state dir lost, or a repeated DEL.
+            # As the reference does, the container interface goes by name, unless it is the
+            # veth of another attachment (its host end named by that attachment's record).
             try:
-                netns.run_in(request.netns, links.delete_link, request.ifname)
+                ctr = netns.run_in(request.netns, _get_link, request.ifname)
+                if ctr is not None and not _recorded_peer(ctr):
+                    netns.run_in(request.netns, links.delete_link, request.ifname)
             except netns.NetnsError as e:
                 if not netns_gone(e):
                     raise fail(str(e)) from e
@@ -654,6 +657,23 @@ def _host_veth(record: dict[str, Any]) -> str | None:
     if link is None or link.kind != "veth":
         return None
     return host if link.master in (0, links.ifindex(bridge)) else None
+
+
+def _get_link(name: str) -> links.Link | None:
+    with links.iproute() as ipr:
+        return links.get_link(ipr, name)
+
+
+def _recorded_peer(ctr: links.Link) -> bool:
+    """Whether container veth ``ctr`` is the peer of a host veth some attachment's record names
+    (O(records): only for a DEL that has no record of its own)."""
+    if ctr.kind != "veth" or not ctr.peer_index:
+        return False
+    with links.iproute() as ipr:
+        host = links.get_link(ipr, index=ctr.peer_index)
+    if host is None or host.kind != "veth" or host.peer_index != ctr.index:
+        return False
+    return any(record.get("host") == host.name for record in _records())
 
 
 def _delete_host_veth(record: dict[str, Any]) -> None:

@@ -48,10 +48,10 @@ Design (what and why)
   pycni epoch``): only then does DEL trust a missing record. A state dir claims a table only
   when no other did (a lost state dir must not vouch for elements it has no record of), and
   claims it again when the table had to be rebuilt.
-* **Map keys are exclusive.** Adding a map element whose key is held with different data fails
-  with EEXIST; that is how a host port already published by another attachment is refused with
-  no change (see :class:`ElementConflict`). Re-adding identical elements is a no-op, which makes
-  a repeated ADD idempotent.
+* **Keys are exclusive.** ``create element`` of a key anyone holds fails with EEXIST; that is
+  how a host port or an address already held by another attachment is refused with no change
+  (see :class:`ElementConflict`). A repeated ADD finds its own elements by their comment (after
+  the EEXIST, so only then at O(n) per set) and keeps them, which makes it idempotent.
 """
 
 from __future__ import annotations
