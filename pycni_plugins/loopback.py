@@ -7,10 +7,10 @@ passed, which is returned converted to the config's version.
 What DEL sets down, and why: the reference's DEL sets ``lo`` down whatever happened before,
 so the rollback of an ADD into a namespace another attachment already uses (its ``lo`` up)
 would break that attachment. Here each ADD records, under pycni's state dir
-(``loopback/<attachment key>``, written before ``lo`` is touched), whether it found ``lo`` down
-and brought it up. DEL follows the record when there is one: ``lo`` goes down only if this
-attachment brought it up. Without a record (an attachment made by the reference plugin, the
-state dir lost, a repeated DEL) DEL does what the reference does, but only when ``lo`` is the
+(``loopback/<attachment key>``), whether it found ``lo`` down and brought it up. DEL follows
+the record when there is one: ``lo`` goes down only if this attachment brought it up. Without
+a record (an attachment made by the reference plugin, the state dir lost, a repeated DEL, an
+ADD killed before its record) DEL does what the reference does, but only when ``lo`` is the
 last interface in the namespace: the chain's other plugins have already deleted what this
 attachment made (DEL runs in reverse), so any interface left belongs to another attachment,
 which still needs ``lo``. GC removes the records of attachments that are not valid.
@@ -36,18 +36,18 @@ __all__ = ["LoopbackPlugin"]
 _RECORDS = Records("loopback")
 
 
-def _lo_was_down() -> bool:
-    return not _lo_is_up()
-
-
-def _lo_up() -> list[Any]:
+def _lo_up() -> tuple[bool, list[Any]]:
+    """Bring lo up; whether it was down, and its addresses."""
     with links.iproute() as ipr:
-        links.set_up(ipr, links.LOOPBACK_INDEX)
+        lo = links.get_link(ipr, index=links.LOOPBACK_INDEX)
+        was_down = lo is None or not lo.up
+        if was_down:
+            links.set_up(ipr, links.LOOPBACK_INDEX)
         found = [addr for addr, _ in links.addresses(ipr, links.LOOPBACK_INDEX)]
     for addr in found:
         if not addr.ip.is_loopback:
             raise fail(f'loopback interface found with non-loopback address "{addr.ip}"')
-    return found
+    return was_down, found
 
 
 def _lo_down(only_if_alone: bool) -> None:
@@ -68,9 +68,9 @@ class LoopbackPlugin(Plugin):
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
         att = attachment(request)
-        was_down = in_netns(request.netns, _lo_was_down)
+        was_down, addrs = in_netns(request.netns, _lo_up)
+        # Written after: a crash before it leaves no record, and DEL's rule without one holds.
         _RECORDS.store(att.key, {"attachment": attrs.asdict(att), "brought_up": was_down})
-        addrs = in_netns(request.netns, _lo_up)
         prev = prev_result(request)
         if prev is not None:
             return emit(prev, request)
