@@ -239,7 +239,7 @@ def netavark_options(i: int) -> dict[str, Any]:
 
 
 def _missing_builtins() -> list[str]:
-    from pycni.plugin import builtin_plugin
+    from pycni.sdk import builtin_plugin
 
     return [t for t in PLUGIN_TYPES if builtin_plugin(t) is None]
 

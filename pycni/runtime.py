@@ -19,18 +19,12 @@ from . import netns as _netns
 from . import version as _version
 from .backends import Backend, select_backend, validate_timeout
 from .cache import DEFAULT_CACHE_DIR, CachedAttachment, ResultsCache
-from .config import NetworkConfig, NetworkConfigList, conflist_from_conf, validate_network_name
+from .config import NetworkConfig, NetworkConfigList, conflist_from_conf
 from .errors import CacheError, CNIError, MultiError, ResultError, VersionError
 from .failpoints import failpoint
-from .invoke import VersionInfo, inheriting
-from .request import (
-    Attachment,
-    RuntimeConf,
-    build_config,
-    build_request,
-    validate_attachment_key,
-    validate_container_id,
-)
+from .request import Attachment, RuntimeConf, build_config, build_request
+from .sdk.invoke import VersionInfo, inheriting
+from .sdk.validate import validate_attachment_key, validate_container_id, validate_network_name
 from .types import AnyResult, convert, parse_result
 
 __all__ = ["Runtime", "ReconcileReport", "DEFAULT_PLUGIN_PATH", "DRY_RUN_KEY"]

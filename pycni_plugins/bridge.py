@@ -57,8 +57,7 @@ from pycni import netns
 from pycni._json import go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
-from pycni.invoke import find_plugin
-from pycni.plugin import Plugin, PluginRequest, builtin_plugin, delegate
+from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate, find_plugin
 from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from ._common import (
@@ -563,7 +562,7 @@ class BridgePlugin(Plugin):
         host_veth = _check(request, conf, prev)
         _check_nft(request, conf, prev, host_veth)
 
-    def gc(self, request: PluginRequest) -> dict[str, Any]:
+    def gc(self, request: PluginRequest) -> GCReport:
         """Remove what this network's attachments not in ``cni.dev/valid-attachments`` left:
         their masquerade and spoof-check elements, their host veths (from the records: a veth
         pycni has no record of is never touched) and records, and, through the IPAM plugin's

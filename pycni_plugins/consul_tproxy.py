@@ -109,7 +109,7 @@ import attrs
 
 from pycni import _json, netns
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import Plugin, PluginRequest
 from pycni.types import parse_result
 
 from ._common import emit, fail, in_netns, netns_gone, prev_result

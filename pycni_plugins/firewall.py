@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from pycni.failpoints import failpoint
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import GCReport, Plugin, PluginRequest
 
 from ._common import (
     Fields,
@@ -107,7 +107,7 @@ class FirewallPlugin(Plugin):
         _config(request)
         nft.release(_OWNER, attachment(request))
 
-    def gc(self, request: PluginRequest) -> dict[str, Any]:
+    def gc(self, request: PluginRequest) -> GCReport:
         """Remove the firewall elements (and records) of this network's attachments not in
         ``cni.dev/valid-attachments``, and put back lost skeleton rules and admin jumps."""
         admin, policy = _config(request)

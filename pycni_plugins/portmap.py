@@ -39,7 +39,7 @@ import attrs
 from pycni._json import go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import GCReport, Plugin, PluginRequest
 from pycni.types import Result
 
 from ._common import (
@@ -304,7 +304,7 @@ class PortmapPlugin(Plugin):
     def delete(self, request: PluginRequest) -> None:
         nft.release(_OWNER, attachment(request))
 
-    def gc(self, request: PluginRequest) -> dict[str, Any]:
+    def gc(self, request: PluginRequest) -> GCReport:
         """Remove the host-port and hairpin elements (and records) of this network's attachments
         not in ``cni.dev/valid-attachments``, and put back lost skeleton rules."""
         _check_options(request)

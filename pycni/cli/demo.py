@@ -95,9 +95,9 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     """Run the embedded default network over two throwaway containers and prove it works."""
     from .. import _json, netns, testing
     from ..config import conflist_from_bytes
-    from ..plugin import builtin_plugin
     from ..request import RuntimeConf
     from ..runtime import Runtime
+    from ..sdk import builtin_plugin
     from .runtime_commands import embedded_network
 
     steps = _Steps()

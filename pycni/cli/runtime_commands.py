@@ -16,7 +16,7 @@ import click
 
 from .. import _json, config
 from ..errors import CNIError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
-from ..plugin import parse_cni_args
+from ..sdk import parse_cni_args
 from ._base import backend_option, cache_dir_option, plugin_path_option
 
 __all__ = ["COMMANDS", "container_id_for", "load_network", "embedded_network", "DEFAULT_NETWORK"]

@@ -17,7 +17,7 @@ import pytest
 
 from pycni import netns
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
 from pycni_plugins.consul_tproxy import ConsulTproxyPlugin, TproxyConfig, decode_config, ruleset, verify
 from tests.helpers.traffic import listening, tcp_as, udp_query, veth
 

@@ -20,9 +20,9 @@ from pycni.errors import (
     PluginTimeoutError,
     VersionError,
 )
-from pycni.plugin import Plugin
 from pycni.request import Attachment, RuntimeConf
 from pycni.runtime import Runtime
+from pycni.sdk import GCReport, Plugin
 from tests.helpers.fake import alive
 
 NOBODY = 65534
@@ -514,7 +514,7 @@ class Collector(Plugin):
     def gc(self, request):
         self.gc_calls.append(dict(request.config))
         dry = request.config.get("pycni.dev/dry-run", False)
-        return {"removed": ["lease 198.18.0.9 of ghost/eth0" + (" (would)" if dry else "")]}
+        return GCReport(("lease 198.18.0.9 of ghost/eth0" + (" (would)" if dry else ""),))
 
 
 class TestReconcile:
