@@ -172,9 +172,9 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
         steps.expect("after DEL: no cache entries, no IPAM leases", not leftovers and not leases)
         steps.expect("after DEL: no container interfaces left", not _links(c1.path) and not _links(c2.path))
         if inproc:
-            from pycni_plugins.kernel import nft
+            from ..sdk import hooks
 
-            left = netns.run_in(host.path, nft.attachments)
+            left = netns.run_in(host.path, hooks.hook(hooks.NFT_ATTACHMENTS))
             steps.expect("after DEL: no nftables elements of either container", not left)
     click.echo("  namespaces and state removed")
     if steps.failed:

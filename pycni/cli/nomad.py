@@ -175,10 +175,11 @@ def _configurator(opts: dict[str, Any], alloc: Allocation) -> Any:
 
 
 def _own_state() -> Any:
-    """pycni's own nftables elements of the alloc, removed by forced cleanup."""
-    from pycni_plugins.kernel.nft import remove_container
+    """pycni's own kernel state of the alloc, removed by forced cleanup (the plugins' hook)."""
+    from ..sdk import hooks
 
-    return lambda network, alloc_id: tuple(remove_container(network, alloc_id))
+    remove = hooks.hook(hooks.FORCED_CLEANUP)
+    return lambda network, alloc_id: tuple(remove(network, alloc_id))
 
 
 @nomad.command()

@@ -64,7 +64,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -93,6 +93,9 @@ __all__ = [
     "Found",
     "attachments",
     "remove",
+    "remove_attachments",
+    "list_table",
+    "run_json",
     "collect",
     "skeleton_problems",
     "repair",
@@ -673,7 +676,7 @@ def remove(key: str) -> None:
             _RECORDS.remove(name)
 
 
-# -- appended: whole-table listing (consul-cni's CHECK) and per-container forced cleanup ----------
+# -- appended: whole-table listing and JSON transactions (consul-cni's CHECK, forced cleanup) ------
 
 
 def list_table(family: str, name: str) -> list[dict[str, Any]] | None:
@@ -686,6 +689,13 @@ def list_table(family: str, name: str) -> list[dict[str, Any]] | None:
             return None
         raise NftError(_first_line(err or ""), (err or "").strip())
     return [obj for obj in (out or {}).get("nftables", ()) if "metainfo" not in obj]
+
+
+def run_json(commands: Sequence[Mapping[str, Any]]) -> None:
+    """Apply libnftables JSON ``commands`` as one transaction; :class:`NftError` on failure."""
+    rc, _, err = _context().json_cmd({"nftables": list(commands)})
+    if rc != 0:
+        raise NftError(_first_line(err or ""), (err or "").strip())
 
 
 def _describe(found: Found) -> str:
@@ -712,38 +722,22 @@ def _json_text(value: Any) -> str:
     return str(value)
 
 
-def _owned_by(group: dict[str, Any], key: str, network: str, container_id: str) -> bool:
-    """Whether an :func:`attachments` group belongs to (network, container_id), any ifname."""
-    record = group.get("record")
-    if isinstance(record, dict):
-        return record.get("network") == network and record.get("container_id") == container_id
-    parts = group.get("comment", "").split(" ")
-    if len(parts) < 5:
-        return False
-    # The key hashes the exact triple: recomputing it from the comment's ifname is exact. A
-    # sanitised or cut ifname cannot be rehashed; then the (sanitised) names must match.
-    if Attachment(network, container_id, parts[4]).key == key:
-        return True
-    safe = Attachment(network, container_id, "").comment("x").split(" ")
-    return parts[2] == safe[2] and parts[3] == safe[3]
+def remove_attachments(match: Callable[[str, dict[str, Any]], bool], what: str) -> list[str]:
+    """Remove every element and state record of the attachments whose :func:`attachments`
+    group ``match(key, group)`` accepts (any owner), in the calling thread's namespace; returns
+    what was removed. ``what`` names them in the error.
 
-
-def remove_container(network: str, container_id: str) -> list[str]:
-    """Remove every pycni element and state record of ``container_id`` on ``network`` (any
-    interface, any owner) in the calling thread's namespace; returns what was removed.
-
-    For forced cleanup after a failed DEL (Nomad's ``forceCleanup``): the elements are found by
-    listing pycni's tables (O(n)) and deleted in one transaction ("add, then delete", so an
-    element that vanished meanwhile is no error). If that transaction fails (another attachment
-    took a key over since), elements are removed one by one, leaving alone what is not ours.
+    The elements are found by listing pycni's tables (O(n)) and deleted in one transaction
+    ("add, then delete", so an element that vanished meanwhile is no error). If that transaction
+    fails (another attachment took a key over since), elements are removed one by one, leaving
+    alone what is not ours.
     """
-    groups = attachments()
-    keys = {key for key, group in groups.items() if _owned_by(group, key, network, container_id)}
+    keys = {key for key, group in attachments().items() if match(key, group)}
     found = [f for f in _listing() if f.comment.split(" ")[0] in keys]
     _remove_found(found)
     left = [f for f in _listing() if f.comment.split(" ")[0] in keys] if found else []
     if left:
-        raise NftError(f"could not remove {len(left)} element(s) of {container_id} on {network}", _describe(left[0]))
+        raise NftError(f"could not remove {len(left)} element(s) of {what}", _describe(left[0]))
     removed = [_describe(f) for f in found]
     for name in _RECORDS.names():
         if name != _EPOCH and name.split(".", 1)[0] in keys and _RECORDS.remove(name):
