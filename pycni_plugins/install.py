@@ -38,7 +38,7 @@ def _targets() -> dict[str, str]:
 
 def list_builtin() -> list[tuple[str, str]]:
     """``(type, version)`` of every built-in plugin (the ``pycni.plugins`` entry points)."""
-    from pycni import __version__
+    from pycni._version import __version__
     from pycni.sdk import builtin_plugins
 
     return sorted((name, __version__) for name in builtin_plugins())
