@@ -193,7 +193,7 @@ class Runtime:
     ) -> None:
         prev_json = self._convert_for_del(net, prev)
         failures = self._delete_plugins(net, ran, rt, prev_json, best_effort=True)
-        error.rollback_errors = failures  # type: ignore[attr-defined]
+        error.rollback_errors = tuple(failures)
         for failure in failures:
             error.add_note(f"rollback: {failure}")
 
