@@ -92,10 +92,10 @@ def _apply(admin_chain: str, commands: list[str]) -> None:
         try:
             nft.run(commands)
             return
-        except nft.NftError as e:
-            if "Device or resource busy" in e.msg:
-                return  # the counter is in use: the rule is there
-            if attempt == 2 or "No such file or directory" not in e.msg:
+        except nft.NftBusy:
+            return  # the counter is in use: the rule is there
+        except nft.NftNotFound:
+            if attempt == 2:
                 raise
             nft.ensure(sections, force=True)  # someone deleted the chains behind ensure's memo
 

@@ -79,6 +79,9 @@ __all__ = [
     "TABLE",
     "NftError",
     "ElementConflict",
+    "NftNotFound",
+    "NftBusy",
+    "NftInterrupted",
     "Attachment",
     "Element",
     "Section",
@@ -130,6 +133,35 @@ class ElementConflict(NftError):
 
     element: Element | None = None
     holder: str | None = None
+
+
+class NftNotFound(NftError):
+    """A table, chain, set or object named by the transaction does not exist (ENOENT)."""
+
+
+class NftBusy(NftError):
+    """An object the transaction deletes is still in use, e.g. a counter a rule references (EBUSY)."""
+
+
+class NftInterrupted(NftError):
+    """The kernel interrupted a read because the ruleset changed under it (EINTR): retry."""
+
+
+#: libnftables reports the kernel's errno only as its strerror text: the one place it is read.
+_BY_TEXT: tuple[tuple[str, type[NftError]], ...] = (
+    ("File exists", ElementConflict),
+    ("No such file or directory", NftNotFound),
+    ("Device or resource busy", NftBusy),
+    ("Interrupted system call", NftInterrupted),
+)
+
+
+def _error(err: str | None) -> NftError:
+    """libnftables' error text as the typed :class:`NftError` it stands for."""
+    text = (err or "").strip()
+    first = _first_line(text)
+    cls = next((c for marker, c in _BY_TEXT if marker in first), NftError)
+    return cls(first, text)
 
 
 @attrs.frozen
@@ -295,9 +327,7 @@ def run(commands: Iterable[str]) -> None:
         return
     rc, _, err = _context().cmd(text)
     if rc != 0:
-        first = _first_line(err)
-        cls = ElementConflict if "File exists" in first else NftError
-        raise cls(first, err.strip())
+        raise _error(err)
 
 
 def ensure(sections: Iterable[Section], *, force: bool = False) -> None:
@@ -575,7 +605,7 @@ def holder(element: Element) -> str | None:
     command = f"get element {element.family} {TABLE} {element.set} {{ {element.key} }}"
     for _ in range(_READ_RETRIES):
         rc, out, err = _context().cmd(command)
-        if rc == 0 or "Interrupted system call" not in (err or ""):
+        if rc == 0 or not isinstance(_error(err), NftInterrupted):
             break
     if rc != 0 or "elements = {" not in out:
         return None
@@ -685,9 +715,10 @@ def list_table(family: str, name: str) -> list[dict[str, Any]] | None:
     (it lists every element of every set in the table)."""
     rc, out, err = _context().json_cmd({"nftables": [{"list": {"table": {"family": family, "name": name}}}]})
     if rc != 0:
-        if "No such file or directory" in (err or ""):
+        error = _error(err)
+        if isinstance(error, NftNotFound):
             return None
-        raise NftError(_first_line(err or ""), (err or "").strip())
+        raise error
     return [obj for obj in (out or {}).get("nftables", ()) if "metainfo" not in obj]
 
 
@@ -695,7 +726,7 @@ def run_json(commands: Sequence[Mapping[str, Any]]) -> None:
     """Apply libnftables JSON ``commands`` as one transaction; :class:`NftError` on failure."""
     rc, _, err = _context().json_cmd({"nftables": list(commands)})
     if rc != 0:
-        raise NftError(_first_line(err or ""), (err or "").strip())
+        raise _error(err)
 
 
 def _describe(found: Found) -> str:
