@@ -305,6 +305,12 @@ def _ensure_gateway_addr(ipr: Any, br: links.Link, addr: Any, force: bool) -> No
 # --- the plugin -------------------------------------------------------------------------------
 
 
+def _masq_skeleton() -> list[nft.Section]:
+    """The masquerade skeleton sections: the shared chains and one chain per subnet seen."""
+    subnets = [layout.chain_subnet(c, "masq-") for c in nft.chains("inet")]
+    return [layout.MASQ, *(layout.masq_subnet(n) for n in subnets if n is not None)]
+
+
 class BridgePlugin(Plugin):
     type = "bridge"
 
@@ -595,14 +601,8 @@ class BridgePlugin(Plugin):
             if not dry:
                 _LINKS.remove(name)
         try:
-            removed += nft.collect(network, valid, _NFT_OWNERS, dry_run=dry)
-            if not dry:
-                for owner in _NFT_OWNERS:
-                    removed += nft.restore(network, valid, owner, lambda e, o=owner: layout.sections_for(o, e))
-            if conf.ip_masq and not dry:
-                subnets = [layout.chain_subnet(c, "masq-") for c in nft.chains("inet")]
-                sections = [layout.MASQ, *(layout.masq_subnet(n) for n in subnets if n is not None)]
-                removed += [f"repaired: {p}" for p in nft.repair(sections, create=False)]
+            skeleton = _masq_skeleton if conf.ip_masq else None
+            removed += nft.gc(network, valid, _NFT_OWNERS, layout.sections_for, skeleton, dry_run=dry)
         except nft.NftError as e:
             errors.append(f"failed to collect nftables elements: {e.msg}")
         if conf.ipam_type:

@@ -114,10 +114,10 @@ class FirewallPlugin(Plugin):
         dry = dry_run(request)
         try:
             valid = valid_attachments(request)
-            removed = nft.collect(request.network_name, valid, (_OWNER,), dry_run=dry)
-            if not dry:
-                removed += nft.restore(request.network_name, valid, _OWNER, lambda e: _sections(admin, policy))
-                removed += [f"repaired: {p}" for p in nft.repair(_sections(admin, policy), create=False)]
+            sections = _sections(admin, policy)
+            removed = nft.gc(
+                request.network_name, valid, (_OWNER,), lambda owner, e: sections, lambda: sections, dry_run=dry
+            )
         except nft.NftError as e:
             raise fail(f"failed to collect firewall elements: {e.msg}", e.details) from e
         return gc_report(removed)

@@ -100,6 +100,7 @@ __all__ = [
     "list_table",
     "run_json",
     "collect",
+    "gc",
     "skeleton_problems",
     "repair",
     "check",
@@ -982,6 +983,30 @@ def collect(
         for name in records:
             _RECORDS.remove(name)
     return described
+
+
+def gc(
+    network: str,
+    valid: Iterable[tuple[str, str]],
+    owners: Sequence[str],
+    sections_for: Callable[[str, list[Element]], Iterable[Section]],
+    skeleton: Callable[[], Iterable[Section]] | None,
+    *,
+    dry_run: bool = False,
+) -> list[str]:
+    """One plugin's nftables GC: :func:`collect` the elements of ``owners`` that no valid
+    attachment of ``network`` holds; unless ``dry_run``, :func:`restore` the valid attachments'
+    lost elements (``sections_for(owner, elements)``) and :func:`repair` the ``skeleton()``
+    sections that exist. Returns what was removed, restored and repaired."""
+    valid = list(valid)
+    removed = collect(network, valid, owners, dry_run=dry_run)
+    if dry_run:
+        return removed
+    for owner in owners:
+        removed += restore(network, valid, owner, lambda e, o=owner: sections_for(o, e))
+    if skeleton is not None:
+        removed += [f"repaired: {p}" for p in repair(skeleton(), create=False)]
+    return removed
 
 
 def restore(
