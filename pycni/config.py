@@ -27,6 +27,7 @@ from .errors import ConfigError, NetworkNotFoundError, NoConfigsFoundError
 __all__ = [
     "NetworkConfig",
     "NetworkConfigList",
+    "DEFAULT_CONF_DIR",
     "conf_files",
     "conf_from_bytes",
     "conf_from_file",
@@ -38,6 +39,8 @@ __all__ = [
     "list_networks",
 ]
 
+#: libcni's and go-cni's default network config directory.
+DEFAULT_CONF_DIR = "/etc/cni/net.d"
 CONFLIST_EXTS = (".conflist",)
 CONF_EXTS = (".conf", ".json")
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import click
 
-from ._base import backend_option, plugin_path_option
+from ._base import WITH_PACKAGED_PLUGINS, backend_option, plugin_path_option
 
 T = TypeVar("T")
 HOST_PORT = 8080
@@ -89,7 +89,7 @@ def _describe(result: Any) -> str:
 
 @click.command()
 @backend_option()
-@plugin_path_option("/opt/cni/bin:/usr/lib/cni")
+@plugin_path_option(WITH_PACKAGED_PLUGINS)
 @click.option("--json", "as_json", is_flag=True, help="Also print each ADD result as JSON.")
 def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     """Run the embedded default network over two throwaway containers and prove it works."""
