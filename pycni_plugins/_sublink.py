@@ -126,10 +126,11 @@ def create(request: PluginRequest, kind: str, master: Master, fd: int, spec: Map
     return Interface(request.ifname, link.mac, sandbox=request.netns)
 
 
-def _configure(ifname: str, result: Result) -> None:
-    for name in (f"net/ipv4/conf/{ifname}/arp_notify", f"net/ipv6/conf/{ifname}/ndisc_notify"):
-        with contextlib.suppress(OSError):
-            sysctl.write(name, 1)
+def _configure(ifname: str, result: Result, notify: bool) -> None:
+    if notify:
+        for name in (f"net/ipv4/conf/{ifname}/arp_notify", f"net/ipv6/conf/{ifname}/ndisc_notify"):
+            with contextlib.suppress(OSError):
+                sysctl.write(name, 1)
     ifconfig.configure_iface(ifname, result)
 
 
@@ -145,10 +146,18 @@ def _up(ifname: str) -> None:
 
 
 def configure(
-    request: PluginRequest, fd: int, iface: Interface, ipam_type: str, dns: DNS | None, *, use_prev: bool = False
+    request: PluginRequest,
+    fd: int,
+    iface: Interface,
+    ipam_type: str,
+    dns: DNS | None,
+    *,
+    use_prev: bool = False,
+    notify: bool = True,
 ) -> Result:
     """IPAM ADD (or, with ``use_prev`` and no IPAM, the prevResult's IPs), addresses and routes
-    on the interface; without IPAM the interface is only set UP. IPAM DEL runs if this fails."""
+    on the interface (after ``arp_notify``/``ndisc_notify``, with ``notify``); without IPAM the
+    interface is only set UP. IPAM DEL runs if this fails."""
     result = Result("1.1.0", interfaces=[iface])
     source: Result | None = None
     release = False
@@ -168,7 +177,7 @@ def configure(
         else:
             ips = tuple(IPConfig(ip.address, ip.gateway, 0) for ip in source.ips)
             result = attrs.evolve(result, ips=ips, routes=source.routes)
-            netns.run_in(fd, _configure, request.ifname, result)
+            netns.run_in(fd, _configure, request.ifname, result, notify)
     except BaseException:
         if release:
             with contextlib.suppress(Exception):
@@ -204,16 +213,20 @@ def _read(ifname: str) -> tuple[links.Link | None, dict[str, Any]]:
 
 def check(
     request: PluginRequest,
-    kind: str,
+    kind: str | None,
     ipam_type: str,
-    verify: Any,
+    verify: Any = None,
     *,
     before_container: Any = None,
     missing_prev: str = "required prevResult missing",
+    capitalised: bool = False,
+    device: bool = True,
 ) -> None:
-    """The reference's CHECK: IPAM CHECK, the prevResult's container interface (its kind, then
-    ``verify(link, kind_data, iface)`` for the kind's own attributes, its MAC), addresses and
-    routes. ``before_container`` (the master's look-up) runs once the prevResult is known."""
+    """The reference's CHECK: IPAM CHECK, then (unless not ``device``) the prevResult's container
+    interface (its ``kind`` unless None, ``verify(link, kind_data)`` for the kind's own
+    attributes, its MAC), addresses and routes. ``before_container`` (the master's look-up) runs
+    once the prevResult is known. ``capitalised``: the plugin's texts start upper-case (1.1.1's
+    style, which some plugins keep in v1.9.1)."""
     try:
         os.close(netns.open_netns(request.netns))
     except netns.NetnsError as e:
@@ -223,22 +236,26 @@ def check(
     prev = prev_result(request)
     if prev is None:
         raise fail(missing_prev)
+    if not device:
+        return
+    cap = str.capitalize if capitalised else str
     iface = next((i for i in prev.interfaces if i.name == request.ifname and i.sandbox == request.netns), None)
     if iface is None:
-        raise fail(f"sandbox in prevResult  doesn't match configured netns: {request.netns}")
+        raise fail(cap("sandbox") + f" in prevResult  doesn't match configured netns: {request.netns}")
     if before_container is not None:
         before_container()
-    in_netns(request.netns, _check_container, kind, iface, prev, verify)
+    in_netns(request.netns, _check_container, kind, iface, prev, verify, cap)
 
 
-def _check_container(kind: str, iface: Interface, prev: Result, verify: Any) -> None:
+def _check_container(kind: str | None, iface: Interface, prev: Result, verify: Any, cap: Any) -> None:
     link, data = _read(iface.name)
     if link is None:
-        raise fail(f"container Interface name in prevResult: {iface.name} not found")
-    if link.kind != kind:
-        raise fail(f"error: Container interface {link.name} not of type {kind}")
-    verify(link, data)
+        raise fail(cap("container") + f" Interface name in prevResult: {iface.name} not found")
+    if kind is not None and link.kind != kind:
+        raise fail(cap("error") + f": Container interface {link.name} not of type {kind}")
+    if verify is not None:
+        verify(link, data)
     if iface.mac and iface.mac.lower() != link.mac:
-        raise fail(f"interface {iface.name} Mac {iface.mac} doesn't match container Mac: {link.mac}")
+        raise fail(cap("interface") + f" {iface.name} Mac {iface.mac} doesn't match container Mac: {link.mac}")
     ifconfig.check_ips(iface.name, prev.ips)
     ifconfig.check_routes(prev.routes)

@@ -122,6 +122,7 @@ def default_route_link(ipr: links.IPRoute) -> links.Link | None:
     """The link of the first default route (IPv4, then IPv6) in the main table, if any."""
     for family in (socket.AF_INET, socket.AF_INET6):
         for msg in ipr.route("dump", family=family, table=links.RT_TABLE_MAIN):
-            if msg["dst_len"] == 0 and msg.get("oif"):
-                return links.get_link(ipr, index=msg["oif"])
+            oif = msg.get("oif")
+            if msg["dst_len"] == 0 and oif:
+                return links.get_link(ipr, index=oif)
     return None

@@ -186,6 +186,7 @@ def read_state(sysctls: tuple[str, ...] = ()) -> dict[str, Any]:
                 "up": bool(link["flags"] & 1),
                 "mtu": link.get("mtu"),
                 "mac": link.get("address"),
+                "alias": link.get("ifalias"),
                 "addresses": sorted(
                     f"{a.get('address')}/{a['prefixlen']}" for a in ipr.addr("dump", index=link["index"])
                 ),
