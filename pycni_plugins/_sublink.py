@@ -220,13 +220,15 @@ def check(
     before_container: Any = None,
     missing_prev: str = "required prevResult missing",
     capitalised: bool = False,
+    prefix: str = "",
     device: bool = True,
 ) -> None:
     """The reference's CHECK: IPAM CHECK, then (unless not ``device``) the prevResult's container
     interface (its ``kind`` unless None, ``verify(link, kind_data)`` for the kind's own
     attributes, its MAC), addresses and routes. ``before_container`` (the master's look-up) runs
     once the prevResult is known. ``capitalised``: the plugin's texts start upper-case (1.1.1's
-    style, which some plugins keep in v1.9.1)."""
+    style, which some plugins keep in v1.9.1); ``prefix`` starts the interface-not-found and MAC
+    texts (vlan's ``vlan: ``)."""
     try:
         os.close(netns.open_netns(request.netns))
     except netns.NetnsError as e:
@@ -244,18 +246,18 @@ def check(
         raise fail(cap("sandbox") + f" in prevResult  doesn't match configured netns: {request.netns}")
     if before_container is not None:
         before_container()
-    in_netns(request.netns, _check_container, kind, iface, prev, verify, cap)
+    in_netns(request.netns, _check_container, kind, iface, prev, verify, cap, prefix)
 
 
-def _check_container(kind: str | None, iface: Interface, prev: Result, verify: Any, cap: Any) -> None:
+def _check_container(kind: str | None, iface: Interface, prev: Result, verify: Any, cap: Any, prefix: str) -> None:
     link, data = _read(iface.name)
     if link is None:
-        raise fail(cap("container") + f" Interface name in prevResult: {iface.name} not found")
+        raise fail(prefix + cap("container") + f" Interface name in prevResult: {iface.name} not found")
     if kind is not None and link.kind != kind:
         raise fail(cap("error") + f": Container interface {link.name} not of type {kind}")
     if verify is not None:
         verify(link, data)
     if iface.mac and iface.mac.lower() != link.mac:
-        raise fail(cap("interface") + f" {iface.name} Mac {iface.mac} doesn't match container Mac: {link.mac}")
+        raise fail(prefix + cap("interface") + f" {iface.name} Mac {iface.mac} doesn't match container Mac: {link.mac}")
     ifconfig.check_ips(iface.name, prev.ips)
     ifconfig.check_routes(prev.routes)

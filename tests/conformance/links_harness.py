@@ -20,11 +20,13 @@ from typing import Any
 
 from pycni import netns, testing
 from pycni.config import conflist_from_bytes
+from pycni.invoke import exec_plugin
+from pycni.plugin import PluginRequest, builtin_plugin
 from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
 from pycni.types import AnyResult
 from pycni_plugins import install
-from tests.conftest import REFERENCE_PLUGIN_DIR
+from tests.conftest import REFERENCE_PLUGIN_DIR, TEST_NS_PREFIX
 
 IMPLS = ("go", "pycni", "pycni-exec")
 MASTER = "mst0"
@@ -63,6 +65,7 @@ class World:
             timeout=60,
             host_netns=self.host.path,
         )
+        self.plugin_dirs = tuple(dirs)
         self.rt = RuntimeConf("ctr1", self.ctr.path, "eth0")
         self.result: AnyResult | None = None
 
@@ -80,6 +83,17 @@ class World:
 
     def delete(self, net: Any) -> None:
         self.runtime.delete_network_list(net, self.rt)
+
+    def call(self, command: str, conf: dict[str, Any]) -> dict[str, Any] | None:
+        """One plugin call in this world's host, bypassing the runtime (e.g. CHECK with a
+        hand-made prevResult); a failure raises the plugin's CNIError."""
+        config = {"cniVersion": "1.0.0", "name": "linknet", **conf}
+        request = PluginRequest(command, config, "ctr1", self.ctr.path, "eth0", "", self.plugin_dirs)
+        if self.impl == "pycni":
+            plugin = builtin_plugin(conf["type"])
+            assert plugin is not None
+            return netns.run_in(self.host.path, plugin.handle, request)
+        return netns.run_in(self.host.path, exec_plugin, conf["type"], request, timeout=60)
 
     def normalise(self, data: Any) -> Any:
         text = json.dumps(data, sort_keys=True, default=str).replace(self.ctr.path, "SANDBOX")
@@ -108,6 +122,26 @@ def worlds(root: Path, make_netns: Callable[[str], netns.Throwaway]) -> dict[str
     plugin_dir = root / "pycni-bin"
     install.install(str(plugin_dir))
     return {impl: World(impl, root / impl, make_netns, str(plugin_dir)) for impl in IMPLS}
+
+
+def kernel_has(kind: str) -> bool:
+    """Whether this kernel can make a ``kind`` link (tried on a veth in a throwaway namespace)."""
+
+    def probe() -> bool:
+        from pyroute2 import IPRoute, NetlinkError
+
+        with IPRoute() as ipr:
+            ipr.link("add", ifname="probe0", kind="veth", peer="probe1")
+            index = ipr.link_lookup(ifname="probe0")[0]
+            extra = {"vlan_id": 5} if kind == "vlan" else {"vrf_table": 10} if kind == "vrf" else {}
+            try:
+                ipr.link("add", ifname="probe2", kind=kind, **({} if kind == "vrf" else {"link": index}), **extra)
+            except NetlinkError:
+                return False
+            return True
+
+    with netns.Throwaway(prefix=f"{TEST_NS_PREFIX}-probe") as ns:
+        return netns.run_in(ns.path, probe)
 
 
 def differences(go: Any, ours: Any, path: str = "") -> list[tuple[str, Any, Any]]:
