@@ -114,8 +114,13 @@ class World:
             netns.run_in(path, _wait_no_tentative)
 
     def reaches_lan(self, version: int = 4) -> bool:
+        """A TCP connection to the lan peer from the container's own address (bound: the rules
+        sbr adds only match a known source)."""
         self.settle()
-        return testing.ping(self.ctr.path, LAN[version][0])
+        assert self.result is not None
+        src = next(str(ip.address.ip) for ip in self.result.ips if ip.address.version == version)
+        with testing.TCPEchoServer(self.lan.path, 7000):
+            return netns.run_in(self.ctr.path, _connect_from, src, LAN[version][0], 7000)
 
 
 def worlds(root: Path, make_netns: Callable[[str], netns.Throwaway]) -> dict[str, World]:
@@ -178,6 +183,18 @@ def _lan_side() -> None:
             ipr.addr("add", index=index, address=ip, prefixlen=plen, flags=IFA_F_NODAD)
 
 
+def _connect_from(src: str, dst: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in dst else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(3)
+        s.bind((src, 0))
+        try:
+            s.connect((dst, port))
+        except OSError:
+            return False
+        return True
+
+
 def _wait_no_tentative(timeout: float = 10.0) -> None:
     import time
 
@@ -227,7 +244,7 @@ def read_state(sysctls: tuple[str, ...] = ()) -> dict[str, Any]:
             }
         routes = []
         for family in (socket.AF_INET, socket.AF_INET6):
-            for r in ipr.route("dump", family=family, table=0):
+            for r in ipr.route("dump", family=family):
                 if r.get("type") == 1 and r.get("table") != 255:  # unicast, not the local table
                     routes.append(
                         f"table {r.get('table')} {r.get('dst') or 'default'}/{r['dst_len']} via {r.get('gateway')} "
