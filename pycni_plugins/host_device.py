@@ -18,8 +18,9 @@ differs, on purpose:
   is returned as the reference does: renamed back from its alias, down;
 * the device that carries the host namespace's default route is refused (code 7) before
   anything changes: moving it would cut the host off;
-* a DEL whose container namespace is gone succeeds (the kernel already took the device back,
-  or destroyed a virtual one), as pycni's other plugins do; the reference fails.
+* a DEL whose container namespace is gone, or that finds no ``CNI_IFNAME`` there (a repeated
+  DEL), succeeds (the kernel already took the device back, or destroyed a virtual one), as
+  pycni's other plugins do; the reference fails.
 """
 
 from __future__ import annotations
@@ -311,8 +312,10 @@ class HostDevicePlugin(Plugin):
                 delegate(request, conf.ipam_type, "DEL")
             if conf.dpdk:
                 return
-            if netns.run_in(fd, links.ifindex, request.ifname) is None and _MOVED.load(attachment(request).key) is None:
-                return  # already given back (a repeated DEL)
+            if netns.run_in(fd, links.ifindex, request.ifname) is None:
+                # Already given back (a repeated DEL), or gone with its namespace's contents.
+                _MOVED.remove(attachment(request).key)
+                return
             self._give_back(request, fd)
         finally:
             os.close(fd)
