@@ -186,3 +186,10 @@ def test_a_plugin_type_neither_built_in_nor_on_cni_path_is_a_config_error(
     assert out.exit_code == 1
     expected = message.format(dir=fake_plugins.dir)
     assert out.output.strip() == f'pycni: error (code 7): plugin type="no-such-type" failed (add): {expected}'
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "inf"])
+def test_a_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(env, fake_plugins, value):
+    out = run(["add", "testnet", "/run/netns/x", "--timeout", value], env)
+    assert out.exit_code == 2 and "--timeout" in out.output
+    assert fake_plugins.calls() == []
