@@ -82,16 +82,9 @@ def _kernel_error(kind: str, master: links.Link, e: links.LinkError) -> CNIError
     return fail(f"failed to create {kind}: {e.strerror}")
 
 
-def _link(ipr: links.IPRoute, command: str, **spec: Any) -> None:
-    try:
-        ipr.link(command, **spec)
-    except NetlinkError as e:
-        raise links.LinkError(e.code, os.strerror(e.code)) from None
-
-
-def _add(spec: dict[str, Any]) -> None:
+def _add(name: str, kind: str, spec: dict[str, Any]) -> None:
     with links.iproute() as ipr:
-        _link(ipr, "add", **spec)
+        links.add_link(ipr, name, kind, **spec)
 
 
 def _rename(tmp: str, ifname: str) -> links.Link:
@@ -99,7 +92,7 @@ def _rename(tmp: str, ifname: str) -> links.Link:
         index = links.ifindex(tmp)
         if index is None:
             raise links.LinkError(errno.ENODEV, f"{tmp}: Link not found")
-        _link(ipr, "set", index=index, ifname=ifname)
+        links.set_link(ipr, index, ifname=ifname)
         link = links.get_link(ipr, index=index)
         assert link is not None
         return link
@@ -109,12 +102,12 @@ def create(request: PluginRequest, kind: str, master: Master, fd: int, spec: Map
     """Create the ``kind`` link on ``master`` in the container as ``CNI_IFNAME``; ``spec`` holds
     the RTM_NEWLINK attributes (mtu, address, kind data)."""
     tmp = links.random_veth_name()
-    full = {"ifname": tmp, "kind": kind, "link": master.link.index, **spec}
+    full = {"link": master.link.index, **spec}
     try:
         if master.in_container:
-            netns.run_in(fd, _add, full)
+            netns.run_in(fd, _add, tmp, kind, full)
         else:
-            _add({**full, "net_ns_fd": fd})
+            _add(tmp, kind, {**full, "net_ns_fd": fd})
     except links.LinkError as e:
         raise _kernel_error(kind, master.link, e) from e
     try:

@@ -170,16 +170,9 @@ def _select(conf: HostDeviceConfig) -> tuple[links.Link, list[str]]:
         return link, addrs
 
 
-def _setlink(ipr: links.IPRoute, **spec: Any) -> None:
-    try:
-        ipr.link("set", **spec)
-    except NetlinkError as e:
-        raise links.LinkError(e.code, os.strerror(e.code)) from None
-
-
 def _move_in(index: int, fd: int, ifname: str, host_name: str) -> None:
     with links.iproute() as ipr:
-        _setlink(ipr, index=index, net_ns_fd=fd, ifname=ifname, ifalias=host_name)
+        links.set_link(ipr, index, net_ns_fd=fd, ifname=ifname, ifalias=host_name)
 
 
 def _up_in_container(ifname: str) -> links.Link:
@@ -211,7 +204,7 @@ def _move_out(ifname: str, host_fd: int, host_name: str | None) -> str:
         raise fail(f'failed to find original ifname for "{ifname}" (alias is not set)')
     with links.iproute() as ipr:
         try:
-            _setlink(ipr, index=index, net_ns_fd=host_fd, ifname=name)
+            links.set_link(ipr, index, net_ns_fd=host_fd, ifname=name)
         except links.LinkError as e:
             raise fail(f'failed to move "{name}" to hostNS: {e.strerror}') from e
     return name
@@ -224,7 +217,7 @@ def _restore_host(name: str, addresses: list[str], up: bool) -> None:
         if link is None:
             raise fail(f'failed to find "{name}" in hostNS after moving it back')
         try:
-            _setlink(ipr, index=link.index, ifalias="")
+            links.set_link(ipr, link.index, ifalias="")
         except links.LinkError as e:
             raise fail(f'failed to unset alias of "{name}": {e.strerror}') from e
         if up:

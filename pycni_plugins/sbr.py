@@ -26,8 +26,6 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from pyroute2 import NetlinkError
-
 from pycni import netns
 from pycni.plugin import Plugin, PluginRequest
 from pycni.types import IPConfig, Result
@@ -77,15 +75,8 @@ def _locked(path: str) -> Iterator[int]:
         os.close(fd)
 
 
-def _nl(method: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return method(*args, **kwargs)
-    except NetlinkError as e:
-        raise links.LinkError(e.code, os.strerror(e.code)) from None
-
-
 def _rules(ipr: links.IPRoute) -> list[Any]:
-    return [r for family in _FAMILIES for r in _nl(ipr.get_rules, family=family)]
+    return [r for family in _FAMILIES for r in links.call(ipr.get_rules, family=family)]
 
 
 def _rule_table(rule: Any) -> int:
@@ -95,7 +86,7 @@ def _rule_table(rule: Any) -> int:
 def _default_pref(ipr: links.IPRoute, family: int) -> int:
     """The priority the kernel gives a rule sent without one (``fib_default_rule_pref``): one
     below the second rule's. pyroute2 always sends a priority, so it is computed here."""
-    prefs = sorted(r.get("priority") or 0 for r in _nl(ipr.get_rules, family=family))
+    prefs = sorted(r.get("priority") or 0 for r in links.call(ipr.get_rules, family=family))
     return prefs[1] - 1 if len(prefs) > 1 and prefs[1] else 0
 
 
@@ -108,7 +99,7 @@ def _add_rule(ipr: links.IPRoute, ip: ipaddress.IPv4Address | ipaddress.IPv6Addr
         "src_len": ip.max_prefixlen,
         "priority": _default_pref(ipr, family),
     }
-    _nl(ipr.rule, "add", **spec)
+    links.call(ipr.rule, "add", **spec)
     return spec
 
 
@@ -156,11 +147,11 @@ def _add(ifname: str, ips: tuple[IPConfig, ...], table: int | None) -> None:
             for what, spec in reversed(undo):
                 with contextlib.suppress(Exception):
                     if what == "rule":
-                        _nl(ipr.rule, "del", **spec)
+                        links.call(ipr.rule, "del", **spec)
                     elif what == "route":
-                        _nl(ipr.route, "del", **spec)
+                        links.call(ipr.route, "del", **spec)
                     else:
-                        _nl(ipr.route, "replace", **spec)
+                        links.call(ipr.route, "replace", **spec)
             raise
 
 
@@ -175,7 +166,7 @@ def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...],
     routes = [
         _route_spec(m)
         for family in _FAMILIES
-        for m in _nl(ipr.route, "dump", family=family, table=links.RT_TABLE_MAIN)
+        for m in links.call(ipr.route, "dump", family=family, table=links.RT_TABLE_MAIN)
         if m.get("oif") == index
     ]
     for ip in ips:
@@ -193,7 +184,7 @@ def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...],
                 "proto": links.RTPROT_BOOT,
             }
             try:
-                _nl(ipr.route, "add", **default)
+                links.call(ipr.route, "add", **default)
             except links.LinkError as e:
                 raise fail(f"Failed to add default route to {ip.gateway}: {e.strerror}") from e
             undo.append(("route", default))
@@ -205,7 +196,7 @@ def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...],
             ):
                 copy = {**route, "table": table}
                 try:
-                    _nl(ipr.route, "replace", **copy)
+                    links.call(ipr.route, "replace", **copy)
                 except links.LinkError as e:
                     raise fail(f"Failed to readd route: {e.strerror}") from e
                 undo.append(("route", copy))
@@ -213,7 +204,7 @@ def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...],
         table = _free_table(used, table + 1)
     for route in routes:
         try:
-            _nl(ipr.route, "del", **route)
+            links.call(ipr.route, "del", **route)
         except links.LinkError as e:
             raise fail(f"Failed to delete route: {e.strerror}") from e
         undo.append(("restore", route))
@@ -232,7 +223,7 @@ def _tidy(ifname: str, table: int | None) -> None:
             if src is None or ipaddress.ip_address(src) not in mine:
                 continue
             try:
-                _nl(
+                links.call(
                     ipr.rule,
                     "del",
                     family=rule["family"],

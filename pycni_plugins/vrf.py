@@ -27,13 +27,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
-import os
 import re
 import socket
 import time
 from typing import Any
-
-from pyroute2 import NetlinkError
 
 from pycni import netns
 from pycni.errors import CNIError
@@ -67,15 +64,8 @@ def _config(request: PluginRequest) -> tuple[str, int]:
     return name, table
 
 
-def _nl(method: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return method(*args, **kwargs)
-    except NetlinkError as e:
-        raise links.LinkError(e.code, os.strerror(e.code)) from None
-
-
 def _vrf_table(ipr: links.IPRoute, index: int) -> int:
-    data = _nl(ipr.link, "get", index=index)[0].get(("linkinfo", "data"))
+    data = links.call(ipr.link, "get", index=index)[0].get(("linkinfo", "data"))
     return (data.get("IFLA_VRF_TABLE") if data is not None else None) or 0
 
 
@@ -120,7 +110,7 @@ def _attach(ipr: links.IPRoute, name: str, table: int, ifname: str, undo: list[A
     else:
         table = table or _free_table(ipr)
         try:
-            _nl(ipr.link, "add", ifname=name, kind="vrf", vrf_table=table)
+            links.add_link(ipr, name, "vrf", vrf_table=table)
         except links.LinkError as e:
             if e.errno == errno.EOPNOTSUPP:
                 raise fail(
@@ -142,14 +132,14 @@ def _attach(ipr: links.IPRoute, name: str, table: int, ifname: str, undo: list[A
     routes = [
         m
         for family in (socket.AF_INET, socket.AF_INET6)
-        for m in _nl(ipr.route, "dump", family=family, table=links.RT_TABLE_MAIN)
+        for m in links.call(ipr.route, "dump", family=family, table=links.RT_TABLE_MAIN)
         if m.get("oif") == link.index and m["scope"] == _RT_SCOPE_UNIVERSE
     ]
     try:
-        _nl(ipr.link, "set", index=link.index, master=vrf.index)
+        links.set_link(ipr, link.index, master=vrf.index)
     except links.LinkError as e:
         raise fail(f"could not set vrf {name} as master of {ifname}: {e.strerror}") from e
-    undo.append(lambda: _nl(ipr.link, "set", index=link.index, master=0))
+    undo.append(lambda: links.set_link(ipr, link.index, master=0))
     for addr in sorted(before - _global_v6(ipr, link.index), key=str):
         try:
             links.add_address(ipr, link.index, addr, exist_ok=True)
@@ -161,14 +151,14 @@ def _attach(ipr: links.IPRoute, name: str, table: int, ifname: str, undo: list[A
         spec.update(family=m["family"], dst_len=m["dst_len"], oif=link.index, table=table, proto=m["proto"])
         spec.update(scope=m["scope"], type=m["type"])
         try:
-            _nl(ipr.route, "replace", **spec)
+            links.call(ipr.route, "replace", **spec)
         except links.LinkError as e:
             raise fail(f"could not add route '{spec.get('dst')}/{m['dst_len']}': {e.strerror}") from e
 
 
 def _wait_local_route(ipr: links.IPRoute, table: int, index: int, addr: Any, ifname: str) -> None:
     for delay in (*_ROUTE_WAIT, None):
-        for m in _nl(ipr.route, "dump", family=socket.AF_INET6, table=table):
+        for m in links.call(ipr.route, "dump", family=socket.AF_INET6, table=table):
             if m.get("oif") == index and m["dst_len"] == 128 and ipaddress.ip_address(m.get("dst", "::")) == addr.ip:
                 return
         if delay is None:
@@ -187,7 +177,7 @@ def _del(name: str, ifname: str) -> None:
         if link is None:
             raise fail(f"resetMaster: could not get link by name {ifname}")
         try:
-            _nl(ipr.link, "set", index=link.index, master=0)
+            links.set_link(ipr, link.index, master=0)
         except links.LinkError as e:
             raise fail(f"resetMaster: could reset master to {ifname}") from e
         if not any(other.master == vrf.index for other in links.dump_links(ipr)):
