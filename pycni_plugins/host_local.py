@@ -11,6 +11,7 @@ Files are opened relative to the network directory's fd and never through a syml
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import ipaddress
@@ -1024,8 +1025,11 @@ def _allocate(store: _Store, conf: HostLocalConfig, container_id: str, ifname: s
         if requested:
             raise _fail("failed to allocate all requested IPs: " + " ".join(map(str, requested)))
     except CNIError:
-        if allocated:
-            store.release(container_id, ifname, passes=len(allocated))
+        # Exactly what this call reserved: a release by ID (what Go does) would also free the
+        # leases an earlier ADD of the same attachment holds.
+        for ip, _ in allocated:
+            with contextlib.suppress(OSError):
+                os.unlink(str(ip), dir_fd=store.fd)
         raise
     return allocated
 

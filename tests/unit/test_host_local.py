@@ -308,6 +308,18 @@ def test_unplaceable_requested_ips_fail_and_roll_back(data_dir: Path) -> None:
     assert leases(data_dir) == {}
 
 
+def test_a_failed_add_frees_only_what_it_reserved_not_the_attachments_earlier_leases(data_dir: Path) -> None:
+    """Range 0 takes the requested IP, range 1 finds the attachment's earlier lease (duplicate):
+    the failed ADD frees its one reservation; a release by ID (Go's) freed the earlier leases too."""
+    ipam = {"ranges": [[{"subnet": "10.0.0.0/24"}], [{"subnet": "10.1.0.0/24"}]]}
+    conf = make_conf(data_dir, ipam)
+    add(conf)
+    before = leases(data_dir)
+    err = error_of("ADD", conf, args="IP=10.0.0.50")
+    assert "duplicate allocation is not allowed" in err.msg
+    assert leases(data_dir) == before
+
+
 def test_requested_ips_skip_the_duplicate_check(data_dir: Path) -> None:
     conf = make_conf(data_dir)
     add(conf)
