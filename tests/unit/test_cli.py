@@ -167,6 +167,27 @@ def test_gc_reconcile_prints_its_report_and_dry_run_changes_nothing(env, fake_pl
     assert run(["gc", "testnet", "--dry-run"], env).exit_code == 2
 
 
+@pytest.mark.parametrize(
+    "backend, message",
+    [
+        ("auto", 'plugin type "no-such-type" is neither built in nor found in path [{dir}]'),
+        ("exec", 'failed to find plugin "no-such-type" in path [{dir}]'),
+        ("inprocess", 'plugin type "no-such-type" is not built in'),
+    ],
+)
+def test_a_plugin_type_neither_built_in_nor_on_cni_path_is_a_config_error(
+    env, fake_plugins, tmp_path, backend, message
+):
+    confdir = tmp_path / "net.d"
+    (confdir / "05-absent.conflist").write_text(
+        json.dumps({"cniVersion": "1.0.0", "name": "absentnet", "plugins": [{"type": "no-such-type"}]})
+    )
+    out = CliRunner().invoke(cli, ["add", "absentnet", "/run/netns/x"], env=env | {"PYCNI_BACKEND": backend})
+    assert out.exit_code == 1
+    expected = message.format(dir=fake_plugins.dir)
+    assert out.output.strip() == f'pycni: error (code 7): plugin type="no-such-type" failed (add): {expected}'
+
+
 @pytest.mark.parametrize("value", ["nan", "-1", "0", "inf"])
 def test_a_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(env, fake_plugins, value):
     out = run(["add", "testnet", "/run/netns/x", "--timeout", value], env)
