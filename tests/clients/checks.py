@@ -40,23 +40,30 @@ def write_conflist(sandbox: Sandbox, name: str, bridge: str, subnet: str, gatewa
     (sandbox.conf_dir / f"10-{name}.conflist").write_text(json.dumps(conflist, indent=2))
 
 
-def check_attached(sandbox: Sandbox, running: Interactive, subnet: str, gateway: str) -> dict[str, Any]:
-    """Once the container reports in: its eth0 address is from ``subnet``, it pinged the gateway,
-    the host reaches it, and the host side holds exactly one attachment (veth, lease, cache entry,
-    nft elements). Returns that attachment's view (``ip``, ``lease`` owner)."""
-    out = running.wait_for("READY")
-    found = re.search(r"inet (\d+\.\d+\.\d+\.\d+)/(\d+)", out)
-    assert found, f"no IPv4 address on eth0: {out!r}"
-    ip = found[1]
-    assert ipaddress.ip_address(ip) in ipaddress.ip_network(subnet) and ip != gateway, out
-    assert "PING-OK" in out, f"container could not ping its gateway {gateway}: {out!r}"
-    assert testing.ping(sandbox.host.path, ip, timeout=3), f"host cannot ping the container at {ip}"
+def check_attached(sandbox: Sandbox, subnet: str, gateway: str, *running: Interactive) -> list[dict[str, str]]:
+    """Once every container reports in: each eth0 address is from ``subnet`` (all distinct), each
+    container pinged the gateway, the host reaches each, and the host side holds exactly one
+    attachment per container (veth, lease, cache entry, nft elements). Returns each one's
+    ``ip`` and ``lease`` owner."""
+    out = []
+    for container in running:
+        text = container.wait_for("READY")
+        found = re.search(r"inet (\d+\.\d+\.\d+\.\d+)/(\d+)", text)
+        assert found, f"no IPv4 address on eth0: {text!r}"
+        ip = found[1]
+        assert ipaddress.ip_address(ip) in ipaddress.ip_network(subnet) and ip != gateway, text
+        assert "PING-OK" in text, f"container could not ping its gateway {gateway}: {text!r}"
+        assert testing.ping(sandbox.host.path, ip, timeout=3), f"host cannot ping the container at {ip}"
+        out.append({"ip": ip})
     leases = sandbox.leases()
-    assert list(leases) == [ip], leases
-    assert len(sandbox.veths()) == 1, sandbox.veths()
-    assert len(sandbox.cached()) == 1, sandbox.cached()
-    assert len(sandbox.nft_attachments()) == 1, sandbox.nft_attachments()
-    return {"ip": ip, "lease": leases[ip]}
+    assert sorted(leases) == sorted(a["ip"] for a in out), leases  # distinct, and nothing else
+    for attached in out:
+        attached["lease"] = leases[attached["ip"]]
+    n = len(running)
+    assert len(sandbox.veths()) == n, sandbox.veths()
+    assert len(sandbox.cached()) == n, sandbox.cached()
+    assert len(sandbox.nft_attachments()) == n, sandbox.nft_attachments()
+    return out
 
 
 def settled_leftovers(sandbox: Sandbox, timeout: float = 10.0) -> dict[str, Any]:

@@ -70,12 +70,21 @@ def cni_plugins(request: pytest.FixtureRequest, tmp_path: Path) -> Plugins:
 
 @pytest.fixture
 def root_namespace_untouched() -> Iterator[None]:
-    """The root namespace's links and nft ruleset (where iptables-nft rules land too) are the
-    same after the test as before: everything the clients do stays in the throwaway host."""
+    """The root namespace's links, nft ruleset (where iptables-nft rules land too), legacy
+    iptables tables and IPv4 forwarding are the same after the test as before: everything the
+    clients do stays in the throwaway host."""
 
     def view() -> dict[str, Any]:
-        links = {name: link["kind"] for name, link in kernel.links(None).items()}
-        return {"links": links, "nft": kernel.nft_ruleset(None)}
+        proc = Path("/proc/self/net")  # the test thread's, i.e. the root namespace's
+        return {
+            "links": {name: link["kind"] for name, link in kernel.links(None).items()},
+            "nft": kernel.nft_ruleset(None),
+            # legacy iptables tables in use (reading these loads no module, unlike iptables-legacy-save)
+            "iptables-legacy": [
+                (proc / f).read_text() for f in ("ip_tables_names", "ip6_tables_names") if (proc / f).exists()
+            ],
+            "ip_forward": Path("/proc/sys/net/ipv4/ip_forward").read_text(),
+        }
 
     before = view()
     yield
