@@ -1,10 +1,15 @@
 """Fixtures for the real-client tests: the plugin dir under test, the sandbox, the clients.
 
-The plugin dir is a fixture parameter. Today there is one mode, ``exec``: the directory
-``pycni plugins install DIR`` writes. The daemon variants plug in here: add a mode to
-``PLUGIN_MODES`` and give :meth:`Plugins.attach` what it does for it (start ``pycni serve``
-inside the sandbox with ``sandbox.service([...])``, so the daemon shares the clients' mount
-namespace, or leave it stopped to exercise the shims' fallback).
+The plugin dir is what ``pycni plugins install DIR`` writes (shims for ``pycni serve``), in one
+of three modes, a fixture parameter:
+
+* ``daemon-running``: ``pycni serve`` runs inside the sandbox (the clients' mount namespace, as
+  the shims require) on its default socket there, and the clients run with
+  ``PYCNI_DAEMON=required``, so a request the daemon did not serve fails the test; afterwards its
+  log must show every request answered ``ok``, ADD and DEL among them.
+* ``daemon-stopped``: the daemon was started and stopped (socket removed): the shims fall back
+  to running the plugin themselves.
+* ``daemon-off``: ``PYCNI_DAEMON=off``, the shims run the plugin themselves without asking.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,19 +32,53 @@ from tests.helpers import kernel
 
 from .clients import IMAGE, Containerd, Podman
 from .image import write_busybox_archive
-from .sandbox import Sandbox
+from .sandbox import Sandbox, SandboxError
 
-PLUGIN_MODES = ["exec"]
+PLUGIN_MODES = ["daemon-running", "daemon-stopped", "daemon-off"]
+_SERVE = [sys.executable, "-m", "pycni.cli", "serve"]
 
 
 @attrs.define
 class Plugins:
     mode: str
     dir: Path
+    serve_log: Path | None = None
 
     def attach(self, sandbox: Sandbox) -> None:
-        """Whatever the mode needs running inside the sandbox before a client runs (``exec``:
-        nothing — the clients exec the installed plugins)."""
+        """Set the mode up inside the sandbox before any client runs."""
+        if self.mode == "daemon-off":
+            sandbox.client_env["PYCNI_DAEMON"] = "off"
+            return
+        self.serve_log = sandbox.root / "serve.log"
+        daemon = sandbox.service(_SERVE, self.serve_log)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                sandbox.run([*_SERVE, "--check"], timeout=10)
+                break
+            except SandboxError:
+                if daemon.poll() is not None or time.monotonic() > deadline:
+                    raise SandboxError(f"pycni serve did not answer: {self.serve_log.read_text()}") from None
+                time.sleep(0.1)
+        socket = sandbox.state_dir / "pycni.sock"  # /run/pycni/pycni.sock inside
+        assert socket.is_socket()
+        if self.mode == "daemon-running":
+            sandbox.client_env["PYCNI_DAEMON"] = "required"
+        else:
+            assert sandbox.stop(daemon) == 0, self.serve_log.read_text()
+            assert not socket.exists()
+
+    def verify(self) -> None:
+        """``daemon-running``: the daemon served the clients' requests, all successfully."""
+        if self.mode != "daemon-running":
+            return
+        assert self.serve_log is not None
+        served = [line.split("pycni serve: ", 1)[1] for line in self.serve_log.read_text().splitlines()]
+        # "<type> <command> <container id> <outcome> <ms>ms"; "- - - ping" is the --check probe
+        requests = [line.split(" ", 3) for line in served if line.endswith("ms") and not line.startswith("- ")]
+        commands = {(r[0], r[1]) for r in requests}
+        assert {("bridge", "ADD"), ("bridge", "DEL"), ("firewall", "ADD"), ("firewall", "DEL")} <= commands, served
+        assert [r for r in requests if not r[3].startswith("ok ")] == []
 
 
 def _require(*tools: str) -> None:
@@ -64,7 +104,8 @@ def busybox_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cni_plugins(request: pytest.FixtureRequest, tmp_path: Path) -> Plugins:
     directory = tmp_path / "plugins"
     cli = [sys.executable, "-m", "pycni.cli", "plugins", "install", str(directory)]
-    subprocess.run(cli, check=True, capture_output=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYCNI_")}  # the default socket
+    subprocess.run(cli, check=True, capture_output=True, env=env)
     return Plugins(request.param, directory)
 
 
@@ -98,6 +139,7 @@ def sandbox(make_netns: Any, tmp_path: Path, cni_plugins: Plugins, root_namespac
     with Sandbox(host, tmp_path / "sandbox", cni_plugins.dir, name) as box:
         cni_plugins.attach(box)
         yield box
+        cni_plugins.verify()
 
 
 @pytest.fixture

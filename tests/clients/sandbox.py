@@ -38,11 +38,11 @@ mount --move "$1/cgroup" /sys/fs/cgroup
 for d in /run /var/lib /opt /etc/cni; do mount -t tmpfs -o mode=0755 pycni-clients "$d"; done
 for d in /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777 pycni-clients "$d"; done
 mkdir -p /etc/cni/net.d /opt/cni/bin /var/lib/cni /run/pycni /run/netns
-mount --bind "$1/net.d" /etc/cni/net.d
+mount --bind "$1/etc-cni-net.d" /etc/cni/net.d
 mount --bind "$2" /opt/cni/bin
-mount --bind "$1/cni" /var/lib/cni
-mount --bind "$1/pycni" /run/pycni
-mount --bind "$1/netns" /run/netns
+mount --bind "$1/var-lib-cni" /var/lib/cni
+mount --bind "$1/run-pycni" /run/pycni
+mount --bind "$1/run-netns" /run/netns
 echo ready
 read -r _ || true
 """
@@ -132,20 +132,22 @@ class Sandbox:
         self.root = root
         self.plugin_dir = plugin_dir
         self.name = name  # also the containers' cgroup parent
-        self.conf_dir = root / "net.d"
-        self.cni_dir = root / "cni"
-        self.state_dir = root / "pycni"
-        self.netns_dir = root / "netns"
+        self.conf_dir = root / "etc-cni-net.d"
+        self.cni_dir = root / "var-lib-cni"
+        self.state_dir = root / "run-pycni"
+        self.netns_dir = root / "run-netns"
         self.home = root / "home"
         self._holder: subprocess.Popen[bytes] | None = None
         self._services: list[subprocess.Popen[bytes]] = []
         self._baseline_mounts: set[str] = set()
+        self.client_env: dict[str, str] = {}  # added to every client's environment
 
     # -- life cycle ----------------------------------------------------------------------------
 
     def __enter__(self) -> Sandbox:
         for d in (self.conf_dir, self.cni_dir, self.state_dir, self.netns_dir, self.home, self.root / "cgroup"):
             d.mkdir(parents=True, exist_ok=True)
+        self.state_dir.chmod(0o700)  # as pycni makes /run/pycni (the daemon insists on it)
         argv = ["nsenter", f"--net={self.host.path}", "--", "unshare", "--mount", "--propagation", "private"]
         argv += ["--", "sh", "-c", _HOLDER, "holder", str(self.root), str(self.plugin_dir)]
         self._holder = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -231,11 +233,11 @@ class Sandbox:
         return self._holder.pid
 
     def env(self, **extra: str) -> dict[str, str]:
-        """A clean environment for a client (nothing of the test's leaks in)."""
-        return {"PATH": _PATH, "HOME": str(self.home), "LANG": "C.UTF-8", **extra}
+        """A clean environment for a client (nothing of the test's leaks in) plus ``client_env``."""
+        return {"PATH": _PATH, "HOME": str(self.home), "LANG": "C.UTF-8", **self.client_env, **extra}
 
     def command(self, argv: list[str]) -> list[str]:
-        return ["nsenter", f"--target={self.holder_pid}", "--mount", "--net", f"--wd={self.root}", "--", *argv]
+        return ["nsenter", f"--target={self.holder_pid}", "--mount", "--net", f"--wd={self.home}", "--", *argv]
 
     def run(self, argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 60.0) -> str:
         """Run a command inside; its stdout, or :class:`SandboxError` with both streams."""
