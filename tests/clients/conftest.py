@@ -157,7 +157,6 @@ def containerd(sandbox: Sandbox, busybox_archive: Path) -> Iterator[Containerd]:
     daemon = Containerd(sandbox)
     daemon.start()
     daemon.load(busybox_archive)
-    sandbox.allow_mounts()
     yield daemon
     assert (daemon.containers(), daemon.tasks()) == ([], [])
     daemon.stop()

@@ -177,13 +177,11 @@ class Sandbox:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         if self._holder is not None:
-            assert self._holder.stdin is not None
-            self._holder.stdin.close()
             try:
-                self._holder.wait(10)
+                self._holder.communicate(timeout=10)  # EOF on its stdin ends it
             except subprocess.TimeoutExpired:
                 self._holder.kill()
-                self._holder.wait()
+                self._holder.communicate()
             self._holder = None
         problems += self._remove_cgroups()
         return problems
@@ -342,10 +340,6 @@ class Sandbox:
             "processes": self.processes(),
         }
         return {k: v for k, v in left.items() if v}
-
-    def allow_mounts(self) -> None:
-        """Take the current mounts as the baseline (after a service made its own at start-up)."""
-        self._baseline_mounts = self.mounts()
 
 
 @contextlib.contextmanager
