@@ -32,9 +32,11 @@ __all__ = ["Sandbox", "Interactive", "SandboxError"]
 # namespace) alive until the test closes the pipe, or dies.
 _HOLDER = r"""
 set -eu
+# a sysfs of the throwaway host's own (its interfaces), with the cgroup hierarchies carried over
 mount --rbind /sys/fs/cgroup "$1/cgroup"
 mount -t sysfs sysfs /sys
 mount --move "$1/cgroup" /sys/fs/cgroup
+# the clients' fixed paths: empty, private, gone with the namespace
 for d in /run /var/lib /opt /etc/cni; do mount -t tmpfs -o mode=0755 pycni-clients "$d"; done
 for d in /var/tmp /dev/shm; do mount -t tmpfs -o mode=1777 pycni-clients "$d"; done
 mkdir -p /etc/cni/net.d /opt/cni/bin /var/lib/cni /run/pycni /run/netns
