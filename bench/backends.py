@@ -7,7 +7,10 @@ bridge, subnet 198.18.0.0/16 (RFC 2544 benchmarking space, so 1000 containers fi
 Backends, by name:
 
 * ``reference-exec``: Debian's Go reference plugins (/usr/lib/cni) exec'd by pycni's runtime.
-* ``pycni-exec``: pycni_plugins exec'd as binaries (written by ``pycni_plugins.install``).
+* ``pycni-exec``: pycni_plugins exec'd as binaries (the shims ``pycni_plugins.install``
+  writes, with no daemon to talk to: each runs its plugin itself).
+* ``pycni-daemon``: the same shims, served by a ``pycni serve`` the harness starts (in a
+  throwaway namespace of its own: it acts in each caller's namespaces, passed as fds).
 * ``pycni-inprocess``: pycni_plugins called in-process by the runtime.
 * ``netavark``: Debian's netavark 1.4 (the Podman peer) doing the equivalent setup/teardown
   per container with the same subnet, addresses and port mapping. It has no CHECK and no IPAM
@@ -24,6 +27,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -46,7 +51,7 @@ REFERENCE_DIR = "/usr/lib/cni"
 NETAVARK = "/usr/lib/podman/netavark"
 TIMEOUT = 60.0
 ALL_OPS = ("add", "check", "del")
-BACKENDS = ("reference-exec", "pycni-exec", "pycni-inprocess", "netavark")
+BACKENDS = ("reference-exec", "pycni-exec", "pycni-daemon", "pycni-inprocess", "netavark")
 
 
 class BackendError(Exception):
@@ -260,11 +265,13 @@ def problem(name: str) -> str | None:
     missing = _missing_builtins()
     if missing:
         return f"in-process plugins not available yet: {', '.join(missing)}"
-    if name == "pycni-exec":
+    if name in ("pycni-exec", "pycni-daemon"):
         try:
             import pycni_plugins.install  # noqa: F401
         except ImportError as e:
             return f"pycni_plugins.install not available yet ({e})"
+    if name == "pycni-daemon" and shutil.which("nsenter") is None:
+        return "nsenter missing (util-linux)"
     return None
 
 
@@ -272,11 +279,14 @@ def problem(name: str) -> str | None:
 class Backend:
     name: str
     make: Callable[[Cell], Driver]
+    plugin_dir: str = ""  # where its exec'd plugins are (pycni-exec, pycni-daemon)
+    socket: str = ""  # the daemon's (pycni-daemon)
 
 
-def backend(name: str, scratch: str) -> Backend:
+def backend(name: str, scratch: str, on_close: Callable[[Callable[[], None]], None] | None = None) -> Backend:
     """The driver factory for an available backend (check :func:`problem` first); ``scratch``
-    is a session's temp root, where pycni's exec'able plugins are written once."""
+    is a session's temp root, where pycni's exec'able plugins are written once; ``on_close``
+    registers what to stop when the session ends (the daemon of ``pycni-daemon``)."""
     if name == "reference-exec":
         return Backend(name, lambda cell: RuntimeDriver(cell, path=[REFERENCE_DIR], backend="exec"))
     if name == "pycni-inprocess":
@@ -284,15 +294,62 @@ def backend(name: str, scratch: str) -> Backend:
     if name == "pycni-exec":
         plugin_dir = install_pycni_plugins(scratch)
         return Backend(name, lambda cell: RuntimeDriver(cell, path=[plugin_dir], backend="exec"))
+    if name == "pycni-daemon":
+        if on_close is None:
+            raise ValueError("pycni-daemon needs a session to stop its daemon")
+        served = start_daemon(scratch)
+        on_close(served.stop)
+        shims = install_pycni_plugins(scratch, socket=served.socket, dirname="pycni-shims")
+        return Backend(name, lambda cell: RuntimeDriver(cell, path=[shims], backend="exec"), shims, served.socket)
     if name == "netavark":
         return Backend(name, NetavarkDriver)
     raise ValueError(f"unknown backend {name!r}")
 
 
-def install_pycni_plugins(scratch: str) -> str:
+def install_pycni_plugins(scratch: str, *, socket: str | None = None, dirname: str = "pycni-plugins") -> str:
+    """The shims in ``scratch/dirname``, talking to ``socket`` (default: one that never exists
+    in the session, so that they run their plugins themselves whatever runs on the host)."""
     from pycni_plugins.install import install
 
-    plugin_dir = os.path.join(scratch, "pycni-plugins")
+    plugin_dir = os.path.join(scratch, dirname)
     if not os.path.isdir(plugin_dir):
-        install(plugin_dir, PLUGIN_TYPES)
+        install(plugin_dir, PLUGIN_TYPES, socket=socket or os.path.join(scratch, "no-daemon", "none.sock"))
     return plugin_dir
+
+
+class Served:
+    """A ``pycni serve`` in a throwaway namespace of its own, its socket under ``scratch``."""
+
+    def __init__(self, scratch: str) -> None:
+        from pycni_plugins.serve.daemon import check
+
+        self.dir = os.path.join(scratch, "daemon")
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.socket = os.path.join(self.dir, "pycni.sock")
+        self.ns = netns.Throwaway(name=f"{os.path.basename(scratch.rstrip('/'))}-daemon")
+        self.ns.__enter__()
+        self.log = open(os.path.join(self.dir, "serve.log"), "wb")
+        argv = ["nsenter", f"--net={self.ns.path}", sys.executable, "-m", "pycni.cli", "serve", "--socket", self.socket]
+        env = {k: v for k, v in os.environ.items() if k not in ("PYCNI_SOCKET", "PYCNI_DAEMON")}
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 60
+        while not check(self.socket, timeout=1.0)[0]:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise OSError(f"pycni serve did not start (see {self.dir}/serve.log)")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(45)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        self.ns.__exit__(None, None, None)
+
+
+def start_daemon(scratch: str) -> Served:
+    return Served(scratch)

@@ -110,6 +110,26 @@ def _rules(doc: dict[str, Any]) -> list[str]:
     return out + _table(header, body)
 
 
+def _shim(doc: dict[str, Any]) -> list[str]:
+    s = doc.get("shim") or {}
+    if not s:
+        return []
+    body = [
+        ("start-up: exec → first byte at the socket", s["startup"]),
+        ("VERSION round trip through the daemon", s["version_round_trip"]),
+    ]
+    return [
+        "## The shim on its own (pycni-daemon)",
+        "",
+        f"{s['samples']} execs each of the installed `bridge` shim, no `nsenter` or shell in between.",
+        "",
+        *_table(
+            ("", "p50 ms", "p90 ms", "p99 ms"),
+            [(k, _ms(v["p50_ms"]), _ms(v["p90_ms"]), _ms(v["p99_ms"])) for k, v in body],
+        ),
+    ]
+
+
 def _overhead(doc: dict[str, Any]) -> list[str]:
     o = doc.get("overhead") or {}
     if not o:
@@ -322,7 +342,7 @@ def _caveats(doc: dict[str, Any]) -> list[str]:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    parts = (_header, _latency, _rules, _overhead, _concurrency, _memory, _parsing, _warmup, _caveats, _cleanup)
+    parts = (_header, _latency, _shim, _rules, _overhead, _concurrency, _memory, _parsing, _warmup, _caveats, _cleanup)
     return "\n".join(line for part in parts for line in part(doc))
 
 

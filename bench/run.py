@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file from anywhere
 
-from bench import backends, machine, measure, memory, parsing, report
+from bench import backends, machine, measure, memory, parsing, report, shim
 from bench.session import PREFIX, Session, claim_run, install_signal_handlers
 
 SECTIONS = ("latency", "overhead", "concurrency", "memory", "parsing")
@@ -63,6 +63,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", metavar="PATH", help="write the results here")
     p.add_argument("--sections", type=_names(SECTIONS), default=list(SECTIONS))
     p.add_argument("--overhead-samples", type=int, default=20, metavar="K")
+    p.add_argument("--shim-samples", type=int, default=200, metavar="K", help="execs per shim measurement")
     p.add_argument("--concurrency-n", type=int, default=100, metavar="N")
     p.add_argument("--concurrency-workers", type=_ints, default=[1, 4, 16], metavar="LIST")
     p.add_argument(
@@ -127,7 +128,7 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
         why = backends.problem(name)
         if why is None:
             try:
-                available[name] = backends.backend(name, session.root)
+                available[name] = backends.backend(name, session.root, session.on_close)
             except (OSError, ValueError, ImportError) as e:
                 why = f"setup failed: {e}"
         if why is not None:
@@ -136,6 +137,17 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
     names = list(available)
     if not names:
         raise RuntimeError(f"no backend can run here: {doc['skipped']}")
+
+    if "latency" in args.sections and "pycni-daemon" in available:
+        daemon = available["pycni-daemon"]
+        doc["shim"] = shim.measure(
+            os.path.join(daemon.plugin_dir, "bridge"), daemon.socket, session.root, args.shim_samples
+        )
+        s = doc["shim"]
+        progress.line(
+            f"== shim: start-up (exec → first byte sent) p50 {s['startup']['p50_ms']:.2f} ms,"
+            f" VERSION round trip through the daemon p50 {s['version_round_trip']['p50_ms']:.2f} ms"
+        )
 
     if "latency" in args.sections:
         progress.line(f"== warm-up: one cell of 1 container per backend ({', '.join(names)})")
@@ -282,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": [],
         "memory": [],
         "parsing": [],
+        "shim": {},
     }
     status = 0
     started = time.monotonic()

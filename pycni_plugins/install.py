@@ -50,9 +50,11 @@ def list_builtin() -> list[tuple[str, str]]:
     return sorted((name, __version__) for name in builtin_plugins())
 
 
-def install(directory: str, types: Iterable[str] | None = None) -> list[str]:
+def install(directory: str, types: Iterable[str] | None = None, *, socket: str | None = None) -> list[str]:
     """Write an executable named by CNI type for each of ``types`` (default: all built-ins)
-    into ``directory``; returns the paths written. Existing files are replaced atomically."""
+    into ``directory``; returns the paths written. Existing files are replaced atomically.
+    ``socket`` is the daemon socket the shims use when ``PYCNI_SOCKET`` is unset (default
+    :data:`pycni_plugins.serve.DEFAULT_SOCKET`)."""
     known = dict(list_builtin())
     targets = _targets()
     wanted = list(known) if types is None else list(types)
@@ -82,7 +84,7 @@ def install(directory: str, types: Iterable[str] | None = None) -> list[str]:
             python=sys.executable,
             type=plugin_type,
             target=targets[plugin_type],
-            socket=DEFAULT_SOCKET,
+            socket=socket or DEFAULT_SOCKET,
             path=path,
             unavailable=unavailable,
         )

@@ -2,23 +2,27 @@
 namespaces the caller passed, through the same :func:`pycni_plugins.skel.respond` an exec'd
 plugin uses — so the bytes that go back are the ones the plugin would have printed.
 
-One thread per connection. Before anything runs, the caller must be root or this daemon's uid
-(``SO_PEERCRED``) and live in this daemon's mount namespace (paths — cache dir, dataDir, state
-dir — must resolve as the caller sees them); otherwise, and for requests the daemon should not
-serve (too large, fault injection asked for, an fd that is not a network namespace), the shim is
-told to run the plugin itself. At most ``workers`` requests run at once and ``queue`` more wait
-up to ``wait`` seconds; beyond that the answer is CNI error 11 (try again later). A running
-request finishes even if its caller goes away; it holds the caller's inherited fds (the
-runtime's container lock) until the plugin is done. The request thread enters the caller's
-network namespace (``setns`` on the fd it sent) and binds ``CNI_NETNS`` to the fd the caller
-opened (:func:`pycni.netns.bound`); the plugin sees the caller's ``CNI_*``/``PYCNI_*``
-variables (:func:`pycni.plugin.environment`) and its warnings go to the caller's stderr, as they
-would in an exec'd plugin. The wire format is described in :mod:`.shim`.
+One thread per connection reads and checks the request; a fixed pool of ``workers`` threads runs
+the plugins (long-lived, so that what a plugin keeps per thread — its libnftables context, whose
+socket is costly to close — serves the next request too). Before anything runs, the caller must
+be root or this daemon's uid (``SO_PEERCRED``) and live in this daemon's mount namespace (paths
+— cache dir, dataDir, state dir — must resolve as the caller sees them); otherwise, and for
+requests the daemon should not serve (too large, fault injection asked for, an fd that is not a
+network namespace), the shim is told to run the plugin itself. At most ``workers`` requests run
+at once and ``queue`` more wait up to ``wait`` seconds; beyond that the answer is CNI error 11
+(try again later). A running request finishes even if its caller goes away; it holds the
+caller's inherited fds (the runtime's container lock) until the plugin is done. The worker
+enters the caller's network namespace (``setns`` on the fd it sent) and binds ``CNI_NETNS`` to
+the fd the caller opened (:func:`pycni.netns.bound`); the plugin sees the caller's
+``CNI_*``/``PYCNI_*`` variables (:func:`pycni.plugin.environment`) and its warnings go to the
+caller's stderr, as they would in an exec'd plugin. The wire format is described in
+:mod:`.shim`.
 """
 
 from __future__ import annotations
 
 import array
+import concurrent.futures
 import contextlib
 import contextvars
 import fcntl
@@ -142,6 +146,7 @@ class Daemon:
         self.owned = owned  # we made the socket file (not systemd): remove it when stopping
         self.limits = limits or Limits()
         self._slots = threading.Semaphore(self.limits.workers)
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.limits.workers, thread_name_prefix="pycni-serve-worker")
         self._lock = threading.Condition()
         self._handling = 0  # connections being handled (waiting or running)
         self._running = 0
@@ -191,6 +196,7 @@ class Daemon:
             while self._handling and time.monotonic() < deadline:
                 self._lock.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             left = self._handling
+        self._pool.shutdown(wait=False)
         if left:
             log.warning("stopped with %d request(s) still running after %gs", left, self.limits.drain)
         else:
@@ -277,7 +283,7 @@ class Daemon:
             except OSError:
                 raise _Gone("caller left before the request started") from None
             request.accepted = True
-            status, out, err = self._run(plugin, request)
+            status, out, err = self._pool.submit(self._run, plugin, request).result()
         finally:
             request.close()  # the caller's lock fds are released before it hears the answer
             self._release()

@@ -139,15 +139,16 @@ def call(
     mode: str | None = None,
     pass_fds: tuple[int, ...] = (),
     wrap: tuple[str, ...] = (),
+    inner: tuple[str, ...] = (),
 ) -> Outcome:
     """Exec shim ``plugin`` in namespace ``host`` with ``env`` (plus PATH and the state dir);
-    ``mode`` sets ``PYCNI_DAEMON``."""
+    ``mode`` sets ``PYCNI_DAEMON``; ``wrap`` runs before ``nsenter``, ``inner`` between it and the shim."""
     data = stdin if isinstance(stdin, bytes) else (stdin if isinstance(stdin, str) else json.dumps(stdin)).encode()
     full = {"PATH": os.environ["PATH"], "PYCNI_STATE_DIR": os.environ["PYCNI_STATE_DIR"], **env}
     if socket_path:
         full["PYCNI_SOCKET"] = socket_path
     if mode:
         full["PYCNI_DAEMON"] = mode
-    argv = [*wrap, "nsenter", f"--net={host}", os.path.join(bindir, plugin)]
+    argv = [*wrap, "nsenter", f"--net={host}", *inner, os.path.join(bindir, plugin)]
     p = subprocess.run(argv, input=data, capture_output=True, env=full, pass_fds=pass_fds, timeout=120)
     return Outcome(p.returncode, p.stdout, p.stderr)
