@@ -3,9 +3,9 @@
 podman (libcni) reads a containers.conf pointed at by ``CONTAINERS_CONF``: CNI backend, the
 plugin dir under test, a temp config dir; its storage is a temp dir (vfs driver: nothing to
 mount), its run and tmp dirs are on the sandbox's private ``/run`` tmpfs. containerd gets its
-own root, state and socket; ``ctr run --cni`` (go-cni) finds the conflist in ``/etc/cni/net.d``
-and the plugins in ``/opt/cni/bin``, which the sandbox binds to the test's dirs. Containers are
-busybox with a cgroup parent unique to the sandbox.
+own root and state (temp dirs) and socket (on the private ``/run``); ``ctr run --cni`` (go-cni)
+finds the conflist in ``/etc/cni/net.d`` and the plugins in ``/opt/cni/bin``, which the sandbox
+binds to the test's dirs. Containers are busybox with a cgroup parent unique to the sandbox.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ class Containerd:
         self.sandbox = sandbox
         self.dir = sandbox.root / "containerd"
         self.dir.mkdir()
-        self.socket = self.dir / "containerd.sock"
+        # On the sandbox's private /run: a temp dir's path can exceed a socket path's 104 bytes.
+        self.socket = "/run/containerd/containerd.sock"
         self.log = self.dir / "containerd.log"
         self.config = self.dir / "config.toml"
         # Only what ctr needs: no CRI (it would start its own CNI handling), no tracing.
@@ -104,8 +105,8 @@ class Containerd:
             f"root = {json.dumps(str(self.dir / 'root'))}\n"
             f"state = {json.dumps(str(self.dir / 'state'))}\n"
             f"disabled_plugins = {json.dumps(disabled)}\n"
-            f"[grpc]\n  address = {json.dumps(str(self.socket))}\n"
-            f"[ttrpc]\n  address = {json.dumps(str(self.socket) + '.ttrpc')}\n"
+            f"[grpc]\n  address = {json.dumps(self.socket)}\n"
+            f"[ttrpc]\n  address = {json.dumps(self.socket + '.ttrpc')}\n"
         )
         self._proc = None
 
@@ -132,7 +133,7 @@ class Containerd:
         return self.sandbox.run(self.argv(*args), timeout=timeout)
 
     def argv(self, *args: str) -> list[str]:
-        return ["ctr", "--address", str(self.socket), "--namespace", self.NAMESPACE, *args]
+        return ["ctr", "--address", self.socket, "--namespace", self.NAMESPACE, *args]
 
     def load(self, archive: Path) -> None:
         self.ctr("image", "import", "--snapshotter", "native", str(archive))
