@@ -117,6 +117,11 @@ def _shim(doc: dict[str, Any]) -> list[str]:
     body = [
         ("start-up: exec → first byte at the socket", s["startup"]),
         ("VERSION round trip through the daemon", s["version_round_trip"]),
+        *(
+            [("the interpreter alone: `-IS -c pass`, exec → exit", s["bare_interpreter"])]
+            if "bare_interpreter" in s
+            else []
+        ),
     ]
     return [
         "## The shim on its own (pycni-daemon)",

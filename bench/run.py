@@ -146,7 +146,8 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
         s = doc["shim"]
         progress.line(
             f"== shim: start-up (exec → first byte sent) p50 {s['startup']['p50_ms']:.2f} ms,"
-            f" VERSION round trip through the daemon p50 {s['version_round_trip']['p50_ms']:.2f} ms"
+            f" VERSION round trip through the daemon p50 {s['version_round_trip']['p50_ms']:.2f} ms,"
+            f" bare interpreter (exec → exit) p50 {s['bare_interpreter']['p50_ms']:.2f} ms"
         )
 
     if "latency" in args.sections:

@@ -2,10 +2,10 @@
 daemon (``pycni-daemon``'s shims and daemon).
 
 Start-up is timed from just before ``posix_spawn`` of the shim (no ``nsenter``, no shell) to the
-moment a listener in this process receives the first byte of the request (both
-``time.monotonic``, one clock for every process); the listener then hangs up without answering
-and the shim, run with ``PYCNI_DAEMON=required``, exits at once. The round trip is the whole
-exec of ``<shim> VERSION`` against the real daemon, wait included.
+moment a listener in the same thread receives the first byte of the request; the listener then
+hangs up without answering and the shim, run with ``PYCNI_DAEMON=required``, exits at once. The round trip is the whole
+exec of ``<shim> VERSION`` against the real daemon, wait included. For scale, the same
+interpreter's exec → exit with ``-IS -c pass``: what no Python shim can go below.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import threading
 import time
 from typing import Any
 
@@ -24,36 +23,48 @@ __all__ = ["measure"]
 
 def _startup(shim: str, scratch: str, samples: int) -> list[float]:
     path = os.path.join(scratch, "first-byte.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(4)
-    arrivals: list[float] = []
-
-    def serve() -> None:
-        for _ in range(samples):
-            conn, _ = listener.accept()
-            with conn:
-                conn.recv(1)
-                arrivals.append(time.monotonic())
-
-    thread = threading.Thread(target=serve, name="shim-first-byte", daemon=True)
-    thread.start()
     env = {
         "PATH": os.environ.get("PATH", ""),
         "PYCNI_SOCKET": path,
         "PYCNI_DAEMON": "required",
         "CNI_COMMAND": "VERSION",
     }
+    devnull = os.open(os.devnull, os.O_RDWR)
+    out = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(4)
+        try:
+            for _ in range(samples):
+                # posix_spawn, and the listener in this very thread: no thread hand-off in the timing
+                actions = [(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)]
+                start = time.monotonic()
+                pid = os.posix_spawn(shim, [shim], env, file_actions=actions)
+                conn, _ = listener.accept()
+                with conn:
+                    conn.recv(1)
+                    out.append((time.monotonic() - start) * 1000)
+                os.waitpid(pid, 0)
+        finally:
+            os.unlink(path)
+            os.close(devnull)
+    return out
+
+
+def _bare_interpreter(shim: str, samples: int) -> list[float]:
+    """exec → exit of the shim's interpreter doing nothing (``-IS -c pass``): the floor."""
+    with open(shim) as f:
+        python = f.readline()[2:].split()[0]
+    devnull = os.open(os.devnull, os.O_RDWR)
+    actions = [(os.POSIX_SPAWN_DUP2, devnull, fd) for fd in (0, 1, 2)]
     out = []
     try:
         for _ in range(samples):
             start = time.monotonic()
-            subprocess.run([shim], stdin=subprocess.DEVNULL, capture_output=True, env=env, check=False, timeout=30)
-            out.append((arrivals[-1] - start) * 1000)
+            os.waitpid(os.posix_spawn(python, [python, "-IS", "-c", "pass"], {}, file_actions=actions), 0)
+            out.append((time.monotonic() - start) * 1000)
     finally:
-        listener.close()
-        os.unlink(path)
-        thread.join(5)
+        os.close(devnull)
     return out
 
 
@@ -79,5 +90,6 @@ def measure(shim: str, socket_path: str, scratch: str, samples: int = 200) -> di
     return {
         "samples": samples,
         "startup": summarize(_startup(shim, scratch, samples)),
+        "bare_interpreter": summarize(_bare_interpreter(shim, samples)),
         "version_round_trip": summarize(_version(shim, socket_path, samples)),
     }

@@ -54,6 +54,11 @@ CACHE_KIND = "cniCacheV1"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
+_CACHED_INFO = _json.GoFields(
+    "kind", "containerId", "config", "ifName", "networkName", "netns", "cniArgs", "capabilityArgs", "result"
+)
+
+
 @attrs.frozen
 class CachedAttachment:
     """One cache entry: the attachment's parameters, the config it was added with and its result."""
@@ -88,7 +93,9 @@ class CachedAttachment:
 
     @classmethod
     def from_json(cls, data: Any) -> CachedAttachment:
-        """Decode a ``cniCacheV1`` object; anything else raises :class:`CacheError`."""
+        """Decode a ``cniCacheV1`` object (libcni's ``cachedInfo`` struct); else raise :class:`CacheError`."""
+        if isinstance(data, dict):
+            data = _CACHED_INFO.pick(data)
         if not isinstance(data, dict) or data.get("kind") != CACHE_KIND:
             kind = data.get("kind") if isinstance(data, dict) else None
             raise CacheError(f"cached network config has wrong kind: {kind}")
@@ -242,16 +249,19 @@ class ResultsCache:
         if data is None:
             return None
         try:
-            decoded = _json.loads(data)
+            # libcni keeps an entry's result as a map[string]interface{}: a repeated key, its last value.
+            decoded = _json.loads(data, go_maps=True)
         except _json.JSONDecodeFailure as e:
             raise CacheError(f"failed to decode cached result for {network}/{container_id}/{ifname}: {e}") from None
-        if isinstance(decoded, dict) and "kind" in decoded:
+        if isinstance(decoded, dict) and "kind" in _CACHED_INFO.pick(decoded):
             # libcni would try a foreign-kind file as a legacy result; legacy results never had a
             # "kind", so such a file is someone else's and must not become a prevResult.
             return CachedAttachment.from_json(decoded)
         if not isinstance(decoded, dict):
             raise CacheError(f"cached result for {network}/{container_id}/{ifname} is not a JSON object")
-        return CachedAttachment(container_id=container_id, network=network, ifname=ifname, result=decoded)
+        # A legacy file is decoded straight into the result's structs.
+        result = _json.loads(data)
+        return CachedAttachment(container_id=container_id, network=network, ifname=ifname, result=result)
 
     def delete(self, network: str, container_id: str, ifname: str) -> None:
         name = self.file_name(network, container_id, ifname)

@@ -122,22 +122,22 @@ class PluginRequest:
 
     @property
     def cni_version(self) -> str:
-        value = self.config.get("cniVersion", "")
+        value = _json.go_field(self.config, "cniVersion")
         return value if isinstance(value, str) else ""
 
     @property
     def network_name(self) -> str:
-        value = self.config.get("name", "")
+        value = _json.go_field(self.config, "name")
         return value if isinstance(value, str) else ""
 
     @property
     def prev_result(self) -> Mapping[str, Any] | None:
-        value = self.config.get("prevResult")
+        value = _json.go_field(self.config, "prevResult")
         return value if isinstance(value, Mapping) else None
 
     @property
     def runtime_config(self) -> Mapping[str, Any]:
-        value = self.config.get("runtimeConfig")
+        value = _json.go_field(self.config, "runtimeConfig")
         return value if isinstance(value, Mapping) else {}
 
     def load_args(self, *known: str) -> dict[str, str]:

@@ -224,7 +224,7 @@ class Runtime:
         entry = self.cache.read(net.name, rt.container_id, rt.ifname)
         if entry is None or entry.result is None:
             return None
-        result = parse_result(entry.result, config_version=net.cni_version)
+        result = parse_result(entry.result)  # libcni's CreateFromBytes: the cached result's own version
         try:
             return convert(result, net.cni_version)
         except ResultError as e:

@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from pycni import version as _version
-from pycni._json import go_kind
+from pycni._json import GoFields, go_kind
 from pycni.errors import CNIError, ConfigError, ErrorCode
 from pycni.failpoints import failpoint
 from pycni.plugin import Plugin, PluginRequest
@@ -211,14 +211,8 @@ class _RawRange:
 
 
 def _fields(obj: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """Pick ``names`` from a JSON object, matching keys case-insensitively as Go's decoder does."""
-    wanted = {name.lower(): name for name in names}
-    out: dict[str, Any] = {}
-    for key, value in obj.items():
-        name = wanted.get(key.lower())
-        if name is not None:
-            out[name] = value
-    return out
+    """Pick ``names`` from a JSON object, matching keys as Go's decoder does."""
+    return dict(GoFields(*names).pick(obj))
 
 
 def _object(value: Any, field: str, go_type: str) -> Mapping[str, Any]:

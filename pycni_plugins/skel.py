@@ -32,7 +32,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NoReturn, TextIO
 
-from pycni._json import go_escape
+from pycni._json import go_escape, go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.plugin import Plugin, PluginRequest, builtin_plugin
 
@@ -93,7 +93,7 @@ def _request(env: Mapping[str, str], stdin: bytes) -> PluginRequest:
                 raise _error("missing containerID", ErrorCode.UNKNOWN_CONTAINER)
             if not _NAME.fullmatch(cid):
                 raise _error("invalid characters in containerID", ErrorCode.INVALID_ENVIRONMENT_VARIABLES, cid)
-            name = config.get("name")
+            name = go_field(config, "name")
             if not isinstance(name, str) or not name:
                 raise _error("missing network name", ErrorCode.INVALID_NETWORK_CONFIG)
             if not _NAME.fullmatch(name):

@@ -131,13 +131,16 @@ def _main() -> None:
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         sock.connect(path)
+    except OSError as e:
+        _without_daemon(stdin, required, path, e.strerror or str(e))
+    try:
         data = memoryview(head + kind + env + stdin)
         rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
         data = data[sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)]) :]
         while data:
             data = data[sock.send(data) :]
-    except OSError as e:
-        _without_daemon(stdin, required, path, e.strerror or str(e))
+    except OSError:
+        pass  # the daemon hung up early (busy, or told us to run it here): its answer decides
     for fd in fds:
         posix.close(fd)
     chunks = []

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from pycni.cache import CachedAttachment
 from pycni.config import conflist_from_bytes
 from pycni.errors import (
     CacheError,
@@ -41,6 +42,16 @@ def stdin_of(calls, command, type_=None):
 
 
 class TestAdd:
+    def test_a_plugin_type_with_a_path_loads_but_never_reaches_exec(self, runtime, fake_plugins, tmp_path):
+        escape = os.path.relpath(fake_plugins.dir / "fake-a", fake_plugins.dir / "x")
+        n = conflist_from_bytes(fake_plugins.conflist(fake_plugins.plugin("fake-a") | {"type": escape}))
+        assert n.plugins[0].type == escape
+        with pytest.raises(PluginNotFoundError, match="invalid plugin name"):
+            runtime.add_network_list(n, RT)
+        with pytest.raises(MultiError, match="invalid plugin name"):
+            runtime.validate_network_list(n)
+        assert fake_plugins.calls() == []
+
     def test_plugins_run_in_order_each_getting_the_previous_result(self, runtime, fake_plugins):
         n = net(fake_plugins, fake_plugins.plugin("fake-a"), fake_plugins.plugin("fake-b", ADD={"echo_prev": True}))
         result = runtime.add_network_list(n, RT)
@@ -333,6 +344,22 @@ class TestCachedAccessors:
         n = net(fake_plugins, fake_plugins.plugin("fake-a"), version="0.4.0")
         runtime.add_network_list(n, RT)
         assert runtime.get_network_list_cached_result(n, RT).cni_version == "0.4.0"
+
+    def test_cached_result_version_is_read_with_gos_struct_rule_as_libcni_decodes_it(
+        self, runtime, fake_plugins, tmp_path
+    ):
+        # libcni's DecodeVersion unmarshals into a struct: "CNIVersion" is the version.
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), version="1.0.0")
+        runtime.cache.write(
+            CachedAttachment("ctr1", n.name, "eth0", result={"CNIVersion": "0.2.0", "ip4": {"ip": "198.18.0.2/24"}})
+        )
+        result = runtime.get_network_list_cached_result(n, RT)
+        assert [str(ip.address) for ip in result.ips] == ["198.18.0.2/24"]
+
+    def test_cached_result_without_a_version_is_0_1_0_as_in_libcni(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), version="1.0.0")
+        runtime.cache.write(CachedAttachment("ctr1", n.name, "eth0", result={"ip4": {"ip": "198.18.0.2/24"}}))
+        assert [str(ip.address) for ip in runtime.get_network_list_cached_result(n, RT).ips] == ["198.18.0.2/24"]
 
 
 class Recorder(Plugin):
