@@ -30,9 +30,10 @@ from typing import Any
 import attrs
 
 from . import _json
+from ._fs import check_private_dir
 from .config import NAME_PATTERN
 from .errors import CacheError, ErrorCode, InvalidArgumentError
-from .request import validate_container_id, validate_ifname
+from .request import validate_attachment_key
 
 __all__ = ["ResultsCache", "CachedAttachment", "DEFAULT_CACHE_DIR", "CACHE_KIND"]
 
@@ -44,6 +45,11 @@ def _unwritable(e: BaseException) -> bool:
     if isinstance(e, OSError):
         return e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
     return "read-only" in str(e).lower() or "permission denied" in str(e).lower()
+
+
+def _ours(fd: int) -> bool:
+    """Whether this uid owns the open entry: another uid's entry is never acted on."""
+    return os.fstat(fd).st_uid == os.geteuid()
 
 
 DEFAULT_CACHE_DIR = "/var/lib/cni"
@@ -139,8 +145,7 @@ def _check_key(network: str, container_id: str, ifname: str) -> None:
         )
     if not NAME_PATTERN.fullmatch(network):
         raise InvalidArgumentError("invalid characters found in network name", network, code=7)
-    validate_container_id(container_id)
-    validate_ifname(ifname)
+    validate_attachment_key(network, container_id, ifname)
 
 
 class ResultsCache:
@@ -162,7 +167,9 @@ class ResultsCache:
     # -- directories -------------------------------------------------------------------
 
     def _open_dir(self, path: str, *, create: bool) -> int:
-        """Open a cache subdirectory (0700) without following a symlink planted in its place."""
+        """Open a cache subdirectory (0700) without following a symlink planted in its place;
+        refused unless it is private to this uid, as the plugins' state dir is: its entries
+        decide what DEL and GC act on."""
         if create:
             try:
                 os.makedirs(self.root, mode=0o700, exist_ok=True)
@@ -172,12 +179,18 @@ class ResultsCache:
             except OSError as e:
                 raise CacheError(f"failed to create cache dir {path}: {e.strerror}") from None
         try:
-            return os.open(path, _DIR_FLAGS)
+            fd = os.open(path, _DIR_FLAGS)
         except OSError as e:
             if e.errno == errno.ENOENT and not create:
                 raise
             reason = "is a symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
             raise CacheError(f"cannot use cache dir {path}: {reason}") from None
+        try:
+            check_private_dir(fd, f"cache dir {path}")
+        except PermissionError as e:
+            os.close(fd)
+            raise CacheError(f"refusing cache dir {path}: {e.strerror}", code=ErrorCode.IO_FAILURE) from None
+        return fd
 
     def ensure_writable(self) -> None:
         """Fail now, with a clear error, if entries could not be written later."""
@@ -197,7 +210,7 @@ class ResultsCache:
         name = self.file_name(entry.network, entry.container_id, entry.ifname)
         data = entry.to_bytes()
         dfd = self._open_dir(self.results_dir, create=True)
-        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+        tmp = f".{secrets.token_hex(8)}.tmp"  # not derived from name: a 255-byte name must fit
         try:
             try:
                 fd = os.open(
@@ -238,6 +251,10 @@ class ResultsCache:
         finally:
             os.close(dfd)
         with os.fdopen(fd, "rb") as f:
+            if not _ours(fd):
+                raise CacheError(
+                    f"refusing cache file {os.path.join(self.results_dir, name)}: not owned by uid {os.geteuid()}"
+                )
             return f.read()
 
     def read(self, network: str, container_id: str, ifname: str) -> CachedAttachment | None:
@@ -279,10 +296,11 @@ class ResultsCache:
             os.close(dfd)
 
     def attachments(self, container_id: str | None = None) -> list[CachedAttachment]:
-        """Every readable ``cniCacheV1`` entry (sorted by file name); unreadable ones are skipped."""
+        """Every readable ``cniCacheV1`` entry this uid owns (sorted by file name); unreadable
+        ones are skipped. A cache dir that cannot be trusted raises :class:`CacheError`."""
         try:
             dfd = self._open_dir(self.results_dir, create=False)
-        except (FileNotFoundError, CacheError):
+        except FileNotFoundError:
             return []
         found = []
         try:
@@ -294,6 +312,8 @@ class ResultsCache:
                 try:
                     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
                     with os.fdopen(fd, "rb") as f:
+                        if not _ours(fd):
+                            continue
                         entry = CachedAttachment.from_json(_json.loads(f.read()))
                 except (OSError, _json.JSONDecodeFailure, CacheError):
                     continue

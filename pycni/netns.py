@@ -67,19 +67,31 @@ def _setns(fd: int, what: str) -> None:
 
 
 def open_netns(path: str | int) -> int:
-    """Open ``path`` read-only (never creating it); an int is duplicated. Caller closes."""
-    if isinstance(path, int):
-        return os.dup(path)
-    target = _bound.get().get(path)
-    if target is not None:
-        if target >= 0:
-            return os.dup(target)
-        err = -target
-        raise NetnsError(err, f"failed to open netns {path!r}: {os.strerror(err)}")
+    """Open ``path`` (never creating it; an int is duplicated; a path :func:`bound` in this
+    context gives a duplicate of its fd) and check that it is a network namespace; the caller
+    closes the fd. Opened non-blocking: a FIFO planted as the netns path would otherwise block the
+    open forever (with the container's lock held). Anything but a network namespace, such as the
+    empty file a namespace was bind-mounted on before a reboot, is ``EINVAL``."""
+    target = _bound.get().get(path) if isinstance(path, str) else None
+    if target is not None and target < 0:
+        raise NetnsError(-target, f"failed to open netns {path!r}: {os.strerror(-target)}")
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        if target is not None:
+            fd = os.dup(target)
+        elif isinstance(path, int):
+            fd = os.dup(path)
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
         raise NetnsError(e.errno, f"failed to open netns {path!r}: {e.strerror}") from None
+    try:
+        kind = fcntl.ioctl(fd, _NS_GET_NSTYPE)
+    except OSError:  # not an nsfs file
+        kind = None
+    if kind != CLONE_NEWNET:
+        os.close(fd)
+        raise NetnsError(errno.EINVAL, f"failed to open netns {path!r}: not a network namespace")
+    return fd
 
 
 def is_netns(path: str) -> bool:
@@ -88,15 +100,10 @@ def is_netns(path: str) -> bool:
     if not path:
         return False
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+        os.close(open_netns(path))
+    except NetnsError:
         return False
-    try:
-        return fcntl.ioctl(fd, _NS_GET_NSTYPE) == CLONE_NEWNET
-    except OSError:  # not an nsfs file
-        return False
-    finally:
-        os.close(fd)
+    return True
 
 
 @contextlib.contextmanager

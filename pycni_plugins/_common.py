@@ -23,6 +23,7 @@ __all__ = [
     "prev_result",
     "emit",
     "attachment",
+    "left_behind",
     "DRY_RUN_KEY",
     "dry_run",
     "valid_attachments",
@@ -117,6 +118,18 @@ def emit(result: Result, request: PluginRequest) -> dict[str, Any]:
 
 def attachment(request: PluginRequest) -> Attachment:
     return Attachment(request.network_name, request.container_id, request.ifname)
+
+
+def left_behind(request: PluginRequest, prev: Result, plugin: str) -> str:
+    """For a chained plugin's refusal: it changed nothing, but what the earlier plugins of the
+    chain set up stays (no rollback by default) until a DEL of the attachment removes it."""
+    names = ", ".join(i.name for i in prev.interfaces) or "none"
+    addrs = ", ".join(str(ip.address) for ip in prev.ips) or "none"
+    return (
+        f"{plugin} changed nothing; what the earlier plugins set up for {request.container_id}/{request.ifname} "
+        f"(interfaces: {names}; addresses: {addrs}) is still in place unless the runtime rolls the ADD "
+        "back: a DEL of this attachment removes it"
+    )
 
 
 def dry_run(request: PluginRequest) -> bool:

@@ -20,6 +20,16 @@ error texts follow containernetworking/plugins v1.9.1. Where pycni differs, on p
   veth left behind (a netns path gone while the namespace lives on), GC deletes the veths of
   attachments it was not told are valid, and an ADD that has to re-create a deleted bridge
   gives it its old MAC and re-enslaves the surviving veths of the earlier attachments;
+* an ADD or its undo, and a DEL, remove only what the attachment's record says it made: a
+  failed ADD leaves a record naming no veth (``"host": null``), so its DEL (a runtime's
+  rollback included) deletes no interface; with a record, DEL deletes the recorded host veth
+  (taking the container end with it) and never a container interface by name; only a DEL
+  without any record (an attachment made by the reference plugin, a lost state dir, a
+  repeated DEL) deletes ``CNI_IFNAME`` in the container by name, as the reference does, and
+  even then not when it is the veth of another attachment's record. An ADD for an attachment
+  whose recorded veth is still there (same container ID and ifname, any netns) is refused
+  before anything is made, and the IPAM DEL of the undo is registered only once the IPAM ADD
+  succeeded, so a refused ADD never releases the address an earlier ADD holds;
 * GC (spec 1.1) goes to the IPAM plugin too, and collects the masquerade and spoof-check
   elements and the records and veths of attachments not in ``cni.dev/valid-attachments``;
   STATUS is the IPAM plugin's; CHECK also verifies the masquerade and spoof-check elements and
@@ -354,7 +364,14 @@ class BridgePlugin(Plugin):
         # MACAddressPolicy=persistent leaves an explicitly set host-side MAC alone.
         container_mac = conf.mac or links.random_mac()
         previous = _LINKS.load(att.key)
-        undo.append(lambda: _restore_record(att, previous))
+        if isinstance(previous, dict) and _host_veth(previous) is not None:
+            # Another ADD of this attachment is alive (its veth is there): anything done here
+            # would take its record, elements and lease over, and undoing it would free them.
+            raise fail(
+                f"attachment {att.container_id}/{att.ifname} of network {att.network} already exists "
+                f'(host veth "{previous["host"]}" on bridge "{previous.get("bridge")}"): DEL it first'
+            )
+        undo.append(lambda: _LINKS.store(att.key, _nothing_created(att, conf)))
         host_name, host_mac = self._add_veth(request, conf, ipr, fd, br, container_mac, att)
         undo.append(lambda: links.delete_link(host_name))
         failpoint("bridge.add.after-veth")
@@ -461,8 +478,10 @@ class BridgePlugin(Plugin):
         result: Result,
         undo: list[Callable[[], Any]],
     ) -> Result:
-        undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
         raw = delegate(request, conf.ipam_type, "ADD")
+        # Only now: a refused IPAM ADD ("duplicate allocation") leased nothing, and its DEL
+        # would release what another ADD of this attachment holds.
+        undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
         failpoint("bridge.add.after-ipam")
         ipam = ipam_result(raw, request)
         if not ipam.ips:
@@ -496,25 +515,31 @@ class BridgePlugin(Plugin):
 
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)
-        if request.netns:
+        att = attachment(request)
+        record = _LINKS.load(att.key)
+        if isinstance(record, dict):
+            # Only the veth the record names, and only while it is still that veth: deleting
+            # the host end takes the container end with it, wherever the namespace is (its
+            # path may be gone, or empty, while it lives on). An ``eth0`` in the container
+            # that this attachment did not make (a failed ADD's record names none) is kept.
             try:
-                netns.run_in(request.netns, links.delete_link, request.ifname)
+                _delete_host_veth(record)
+            except links.LinkError as e:
+                raise fail(f'failed to delete "{record.get("host")}": {e.strerror}') from e
+        elif request.netns:
+            # No record: made by the reference plugin, the state dir lost, or a repeated DEL.
+            # As the reference does, the container interface goes by name, unless it is the
+            # veth of another attachment (its host end named by that attachment's record).
+            try:
+                ctr = netns.run_in(request.netns, _get_link, request.ifname)
+                if ctr is not None and not _recorded_peer(ctr):
+                    netns.run_in(request.netns, links.delete_link, request.ifname)
             except netns.NetnsError as e:
                 if not netns_gone(e):
                     raise fail(str(e)) from e
             except links.LinkError as e:
                 raise fail(f'failed to delete "{request.ifname}": {e.strerror}') from e
-            failpoint("bridge.del.after-container")
-        att = attachment(request)
-        record = _LINKS.load(att.key)
-        if isinstance(record, dict):
-            # The netns path may be gone (or empty) while the namespace lives on: the host
-            # end is then still there, and deleting it takes the container end with it.
-            try:
-                _delete_host_veth(record)
-            except links.LinkError as e:
-                raise fail(f'failed to delete "{record.get("host")}": {e.strerror}') from e
-            failpoint("bridge.del.after-link")
+        failpoint("bridge.del.after-link")
         # nftables state first: it comes from the attachment's records, needs neither the
         # netns nor the link, and must not stay behind when IPAM DEL fails.
         nft.release("spoofchk", att)
@@ -617,11 +642,9 @@ def _remembered_mac(bridge: str) -> str | None:
     return None
 
 
-def _restore_record(att: nft.Attachment, previous: Any) -> None:
-    if previous is None:
-        _LINKS.remove(att.key)
-    else:
-        _LINKS.store(att.key, previous)
+def _nothing_created(att: nft.Attachment, conf: BridgeConfig) -> dict[str, Any]:
+    """The record a failed ADD leaves: it made no veth, so its DEL deletes no interface."""
+    return {"attachment": attrs.asdict(att), "bridge": conf.bridge, "host": None}
 
 
 def _host_veth(record: dict[str, Any]) -> str | None:
@@ -635,6 +658,23 @@ def _host_veth(record: dict[str, Any]) -> str | None:
     if link is None or link.kind != "veth":
         return None
     return host if link.master in (0, links.ifindex(bridge)) else None
+
+
+def _get_link(name: str) -> links.Link | None:
+    with links.iproute() as ipr:
+        return links.get_link(ipr, name)
+
+
+def _recorded_peer(ctr: links.Link) -> bool:
+    """Whether container veth ``ctr`` is the peer of a host veth some attachment's record names
+    (O(records): only for a DEL that has no record of its own)."""
+    if ctr.kind != "veth" or not ctr.peer_index:
+        return False
+    with links.iproute() as ipr:
+        host = links.get_link(ipr, index=ctr.peer_index)
+    if host is None or host.kind != "veth" or host.peer_index != ctr.index:
+        return False
+    return any(record.get("host") == host.name for record in _records())
 
 
 def _delete_host_veth(record: dict[str, Any]) -> None:

@@ -21,7 +21,18 @@ from typing import Any
 from pycni.failpoints import failpoint
 from pycni.plugin import Plugin, PluginRequest
 
-from ._common import Fields, attachment, dry_run, emit, fail, gc_report, nftables_status, prev_result, valid_attachments
+from ._common import (
+    Fields,
+    attachment,
+    dry_run,
+    emit,
+    fail,
+    gc_report,
+    left_behind,
+    nftables_status,
+    prev_result,
+    valid_attachments,
+)
 from .kernel import layout, nft
 
 __all__ = ["FirewallPlugin"]
@@ -72,6 +83,8 @@ class FirewallPlugin(Plugin):
             nft.ensure(sections)
             failpoint("firewall.add.after-ensure")
             nft.apply(_OWNER, attachment(request), elements, sections, shared)
+        except nft.ElementConflict as e:
+            raise fail(f"failed to add firewall rules: {e.msg}", left_behind(request, prev, "firewall")) from e
         except nft.NftError as e:
             raise fail(f"failed to add firewall rules: {e.msg}", e.details) from e
         return emit(prev, request)

@@ -11,6 +11,7 @@ Files are opened relative to the network directory's fd and never through a syml
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import ipaddress
@@ -45,7 +46,6 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _LAST_RESERVED = "last_reserved_ip."
 _LOCK = "lock"
-_MAX_LEASE = 4096  # larger files cannot be a lease: skip them instead of reading them whole
 _V4_MAPPED = bytes(10) + b"\xff\xff"
 _ROUTE_INTS = ("mtu", "advmss", "priority", "table", "scope")
 _OMIT_ZERO = frozenset({"mtu", "advmss", "priority"})  # Go's plain-int omitempty fields; table/scope are *int
@@ -511,7 +511,7 @@ class _Leases:
 
     ``content``/``holders`` change only with ``lock`` held, which callers take while holding the
     directory's flock; ``dirty``/``rescan``/``alive`` belong to the watcher (its mutex).
-    One entry per lease file; contents are at most ``_MAX_LEASE`` bytes.
+    One entry per lease file.
     """
 
     def __init__(self, key: tuple[int, int], wd: int) -> None:
@@ -784,19 +784,25 @@ class _Store:
             self._leases = None
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    def _read(self, name: str, limit: int) -> bytes | None:
-        """The file's bytes, or None when it is unreadable or larger than ``limit`` (not ours)."""
+    def _read(self, name: str, limit: int | None = None) -> bytes | None:
+        """The file's bytes (whole, or None when larger than ``limit``); None when unreadable.
+
+        A lease is read whole: a cap would make a long owner unrecognisable, so its DEL would
+        "succeed" without releasing it."""
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=self.fd)
         except OSError:
             return None
         try:
-            data = os.read(fd, limit + 1)
+            if limit is not None:
+                data = os.read(fd, limit + 1)
+                return data if len(data) <= limit else None
+            with os.fdopen(os.dup(fd), "rb") as f:
+                return f.read()
         except OSError:
             return None
         finally:
             os.close(fd)
-        return data if len(data) <= limit else None
 
     def _write(self, name: str, data: bytes, flags: int) -> None:
         """Write a file in the directory; ``FileExistsError`` (O_EXCL) passes through, other failures are CNI errors."""
@@ -833,7 +839,7 @@ class _Store:
         return _parse_ip(data.decode("ascii", "replace")) if data else None
 
     def lease(self, name: str) -> bytes | None:
-        """Lease file ``name``'s trimmed content; None if it is missing, not a regular file, unreadable or too big."""
+        """Lease file ``name``'s trimmed content; None if it is missing, not a regular file or unreadable."""
         if _is_state_file(name):
             return None
         try:
@@ -842,7 +848,7 @@ class _Store:
             return None
         if not stat.S_ISREG(st.st_mode):
             return None
-        data = self._read(name, _MAX_LEASE)
+        data = self._read(name)
         return None if data is None else data.strip()
 
     def lease_files(self) -> Iterator[tuple[str, bytes]]:
@@ -856,7 +862,7 @@ class _Store:
                 name = entry.name
                 if _is_state_file(name) or not entry.is_file(follow_symlinks=False):
                     continue
-                data = self._read(name, _MAX_LEASE)
+                data = self._read(name)
                 if data is not None:
                     yield name, data.strip()
 
@@ -1019,8 +1025,11 @@ def _allocate(store: _Store, conf: HostLocalConfig, container_id: str, ifname: s
         if requested:
             raise _fail("failed to allocate all requested IPs: " + " ".join(map(str, requested)))
     except CNIError:
-        if allocated:
-            store.release(container_id, ifname, passes=len(allocated))
+        # Exactly what this call reserved: a release by ID (what Go does) would also free the
+        # leases an earlier ADD of the same attachment holds.
+        for ip, _ in allocated:
+            with contextlib.suppress(OSError):
+                os.unlink(str(ip), dir_fd=store.fd)
         raise
     return allocated
 

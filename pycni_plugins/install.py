@@ -1,15 +1,21 @@
 """Install the built-in plugins as exec'able CNI plugins: one shim per type.
 
 Each shim (template: :mod:`pycni_plugins.serve.shim`) runs the current interpreter with ``-IS``
-(isolated, no ``site`` import) and hands its request to ``pycni serve`` when one answers. Without
-one it runs the plugin itself: it puts back, verbatim, the module path this interpreter had at
-install time, so it imports the same pycni, attrs and libnftables bindings, then hands over to
-:func:`pycni_plugins.skel.main` with the plugin class resolved at install time.
+(isolated: no current directory, no ``PYTHONPATH``, no user site; no ``site`` import) and hands
+its request to ``pycni serve`` when one answers. Without one it runs the plugin itself: it
+appends, after the standard library, pycni's own directory and the site directories this
+interpreter has in isolated mode (its site/dist-packages, Debian's ``python3-nftables``
+included), so it imports the same pycni, attrs and libnftables bindings, then hands over to
+:func:`pycni_plugins.skel.main` with the plugin class resolved at install time. Nothing from the
+installer's environment (its current directory, ``PYTHONPATH``, user site) is baked in: a
+plugin runs as root.
 """
 
 from __future__ import annotations
 
+import ast
 import os
+import subprocess
 import sys
 from collections.abc import Iterable
 
@@ -50,6 +56,14 @@ def list_builtin() -> list[tuple[str, str]]:
     return sorted((name, __version__) for name in builtin_plugins())
 
 
+def _isolated_path() -> list[str]:
+    """This interpreter's module path in isolated mode (``-I``), asked from a fresh one."""
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", "import sys; print(sys.path)"], capture_output=True, text=True, check=True, cwd="/"
+    )
+    return [p for p in ast.literal_eval(out.stdout) if os.path.isabs(p)]
+
+
 def install(directory: str, types: Iterable[str] | None = None, *, socket: str | None = None) -> list[str]:
     """Write an executable named by CNI type for each of ``types`` (default: all built-ins)
     into ``directory``; returns the paths written. Existing files are replaced atomically.
@@ -66,7 +80,7 @@ def install(directory: str, types: Iterable[str] | None = None, *, socket: str |
     import pycni_plugins
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(pycni_plugins.__file__)))
-    path = [root, *(p for p in sys.path if p and p != root)]
+    path = [root, *(p for p in _isolated_path() if p != root)]
     from pycni.errors import CNIError, ErrorCode
 
     from .serve import DEFAULT_SOCKET

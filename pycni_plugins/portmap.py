@@ -8,8 +8,10 @@ default true; ``masqAll``), with these differences, all deliberate:
   and rules per container; DNAT only for local destinations (``fib daddr type local``), in
   prerouting and output, for IPv4 and IPv6;
 * a host (protocol, host IP, port) already published by another attachment is refused with an
-  error and nothing changed (the reference silently shadows it); re-ADD of the same attachment
-  is idempotent and replaces its previous mappings in the same transaction;
+  error and nothing changed (the reference silently shadows it), and so is a (protocol, port)
+  on one host IP while another attachment publishes it on every address, and the other way
+  round (either would shadow the other's DNAT); re-ADD of the same attachment is idempotent
+  and replaces its previous mappings in the same transaction;
 * DEL removes exactly what ADD added, from the attachment's record, whether or not the runtime
   passes the mappings again (the reference's DEL is a no-op without them: leaked rules);
 * the hairpin/localhost masquerade covers connections from the container's whole subnet (as the
@@ -40,7 +42,18 @@ from pycni.failpoints import failpoint
 from pycni.plugin import Plugin, PluginRequest
 from pycni.types import Result
 
-from ._common import Fields, attachment, dry_run, emit, fail, gc_report, nftables_status, prev_result, valid_attachments
+from ._common import (
+    Fields,
+    attachment,
+    dry_run,
+    emit,
+    fail,
+    gc_report,
+    left_behind,
+    nftables_status,
+    prev_result,
+    valid_attachments,
+)
 from .kernel import layout, nft, sysctl
 
 __all__ = ["PortMapping", "PortmapPlugin", "parse_mappings"]
@@ -93,6 +106,8 @@ def parse_mappings(config: Mapping[str, Any]) -> list[PortMapping]:
         family = 0
         if host_ip_text:
             try:
+                if not isinstance(host_ip_text, str) or "%" in host_ip_text:
+                    raise ValueError(host_ip_text)  # a zone (fe80::1%eth0) is no host address nftables takes
                 parsed = ipaddress.ip_address(host_ip_text)
             except ValueError:
                 raise fail(f'invalid host ip "{host_ip_text}" provided for port {host_port}') from None
@@ -180,21 +195,43 @@ def _flush_udp(mappings: list[PortMapping], addrs: list[IPInterface]) -> None:
             log.warning("failed to delete stale UDP conntrack entries for port %d: %s", port, e)
 
 
-def _conflict(elements: list[nft.Element], att: nft.Attachment) -> CNIError:
+def _port_text(e: nft.Element) -> str:
+    parts = e.key.split(" . ")
+    if len(parts) == 3:
+        return f"host port {parts[0]}:{parts[2]}/{parts[1]}"
+    return f"host port {parts[1]}/{parts[0]}"
+
+
+def _conflict(e: nft.ElementConflict, request: PluginRequest, prev: Result) -> CNIError:
+    details = left_behind(request, prev, "portmap")
+    if e.element is None or not e.element.set.startswith(("hostports", "hostip_hostports")):
+        return fail(f"failed to publish host ports: {e.msg}", details)
+    owner = " ".join((e.holder or "").split(" ")[2:]) or "an unknown owner"
+    return fail(f"{_port_text(e.element)} is already mapped by another container ({owner})", details)
+
+
+def _wildcard(e: nft.Element) -> nft.Element:
+    """The every-address key a host-IP-specific element must not coexist with (other holder)."""
+    _, proto_port = e.key.split(" . ", 1)
+    return nft.Element(e.set.removeprefix("hostip_"), proto_port, e.data, e.family)
+
+
+def _shadowed(att: nft.Attachment, wildcard: list[nft.Element]) -> nft.ElementConflict | None:
+    """A host-IP-specific host port of another attachment that one of ``wildcard`` (every
+    address) would shadow. Lists only the host-IP maps, which stay small."""
     prefix = att.key + " "
-    for e in elements:
-        if not e.set.startswith(("hostports", "hostip_hostports")):
-            continue
-        held = nft.holder(e)
-        if held is not None and not held.startswith(prefix):
-            parts = e.key.split(" . ")
-            where = f"{parts[0]}:" if len(parts) == 3 else ""
-            owner = " ".join(held.split(" ")[2:]) or "an unknown owner"
-            return fail(
-                f"host port {where}{parts[-1]}/{parts[-2]} is already mapped by another container ({owner})",
-                "nothing was changed",
-            )
-    return fail("failed to publish host ports: an nftables element is held by another attachment")
+    for family_set in sorted({(e.family, "hostip_" + e.set) for e in wildcard}):
+        wanted = {e.key for e in wildcard if "hostip_" + e.set == family_set[1]}
+        for found in nft.map_elements(*family_set):
+            concat = found.key.get("concat") if isinstance(found.key, dict) else None
+            if not concat or len(concat) != 3 or found.comment.startswith(prefix):
+                continue
+            if f"{concat[1]} . {concat[2]}" in wanted:
+                error = nft.ElementConflict("host port shadowed")
+                error.element = nft.Element(found.set, " . ".join(map(str, concat)), family=found.family)
+                error.holder = found.comment
+                return error
+    return None
 
 
 class PortmapPlugin(Plugin):
@@ -215,10 +252,25 @@ class PortmapPlugin(Plugin):
         addrs = container_addresses(request, prev)
         elements, sections = _elements(mappings, addrs, snat, masq_all)
         att = attachment(request)
+        wildcard = [e for e in elements if e.set.startswith("hostports")]
+        specific = [_wildcard(e) for e in elements if e.set.startswith("hostip_hostports")]
         try:
-            nft.apply(_OWNER, att, elements, sections)
+            conflict = _shadowed(att, wildcard)
+            if conflict is not None:
+                raise conflict
+            previous = nft.recorded(_OWNER, att)
+            nft.apply(_OWNER, att, elements, sections, absent=specific)
+            # A host-IP-specific ADD probes the every-address key in its own transaction; this
+            # side can only look after its commit, so of two racing ADDs one always sees the other.
+            conflict = _shadowed(att, wildcard)
+            if conflict is not None:
+                if previous is None:
+                    nft.release(_OWNER, att)
+                else:
+                    nft.apply(_OWNER, att, previous, sections)
+                raise conflict
         except nft.ElementConflict as e:
-            raise _conflict(elements, att) from e
+            raise _conflict(e, request, prev) from e
         except nft.NftError as e:
             raise fail(f"failed to publish host ports: {e.msg}", e.details) from e
         failpoint("portmap.add.after-nft")

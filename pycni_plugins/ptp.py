@@ -210,8 +210,10 @@ class PtpPlugin(Plugin):
 
     def _add(self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]) -> Result:
         att = attachment(request)
+        raw = delegate(request, conf.ipam_type, "ADD")
+        # Only now: a refused IPAM ADD leased nothing, and its DEL would free another ADD's lease.
         undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
-        ipam = ipam_result(delegate(request, conf.ipam_type, "ADD"), request)
+        ipam = ipam_result(raw, request)
         if not ipam.ips:
             raise fail("IPAM plugin returned missing IP config")
         for ip in ipam.ips:

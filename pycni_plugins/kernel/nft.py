@@ -33,19 +33,25 @@ Design (what and why)
 * **Deleting is "add, then delete" in one transaction.** nftables 1.0.6 has no ``destroy``: a
   plain delete of a missing element fails the batch. Adding the element first makes the pair a
   no-op when it is already gone, and when a *different* attachment now holds the key (a map
-  element with other data), the add fails with EEXIST and nothing of theirs is touched. (With
-  the *same* data, or in a plain set, the pair would delete the other holder's element: the
-  address is then the same, which the IPAM and the DEL order, elements before the lease, rule
-  out.) Symmetrically, ADD takes over an element a stale attachment left with the same data
-  ("add, delete, add with our comment"), so it never stays under the stale owner's comment.
+  element with other data), the add fails with EEXIST and nothing of theirs is touched. With
+  the *same* data, or in a plain set, the pair would delete the other holder's element, so a
+  record only ever lists elements this attachment created (next point).
+* **An element is never taken from another attachment.** ADD creates its elements with
+  ``create element`` (EEXIST when the key is there at all, whoever holds it, whatever the
+  data): an ADD whose addresses or host ports another attachment holds, even a stale one, is
+  refused with nothing changed (:class:`ElementConflict` names the holder; its DEL, or GC,
+  removes it). Only an element this attachment's own record lists is re-used (a repeated ADD).
+  The record names the new elements *pending* before the commit and confirms them after; DEL
+  removes a pending element only if it carries this attachment's comment (a crash between
+  record and commit, or a refused ADD, must not let DEL delete the holder's element).
 * **The state dir claims one table instance** (the ``epoch`` token, in the dir and in ``set inet
   pycni epoch``): only then does DEL trust a missing record. A state dir claims a table only
   when no other did (a lost state dir must not vouch for elements it has no record of), and
   claims it again when the table had to be rebuilt.
-* **Map keys are exclusive.** Adding a map element whose key is held with different data fails
-  with EEXIST; that is how a host port already published by another attachment is refused with
-  no change (see :class:`ElementConflict`). Re-adding identical elements is a no-op, which makes
-  a repeated ADD idempotent.
+* **Keys are exclusive.** ``create element`` of a key anyone holds fails with EEXIST; that is
+  how a host port or an address already held by another attachment is refused with no change
+  (see :class:`ElementConflict`). A repeated ADD finds its own elements by their comment (after
+  the EEXIST, so only then at O(n) per set) and keeps them, which makes it idempotent.
 """
 
 from __future__ import annotations
@@ -82,6 +88,8 @@ __all__ = [
     "release",
     "missing",
     "holder",
+    "map_elements",
+    "recorded",
     "Found",
     "attachments",
     "remove",
@@ -114,7 +122,11 @@ class NftError(CNIError):
 
 
 class ElementConflict(NftError):
-    """An element's key is held by someone else with different data (EEXIST)."""
+    """An element's key is held by another attachment (EEXIST); ``holder`` is its comment
+    (``""``: an element without one) when known."""
+
+    element: Element | None = None
+    holder: str | None = None
 
 
 @attrs.frozen
@@ -154,6 +166,10 @@ class Element:
 
     def add(self, comment: str | None = None) -> str:
         return f"add element {self.family} {TABLE} {self.set} {{ {self._body(comment)} }}"
+
+    def create(self, comment: str) -> str:
+        """Fails the transaction (EEXIST) when the key is present, whatever its data."""
+        return f"create element {self.family} {TABLE} {self.set} {{ {self._body(comment)} }}"
 
     def delete(self) -> str:
         return f"delete element {self.family} {TABLE} {self.set} {{ {self.key} }}"
@@ -327,9 +343,14 @@ def _record_name(attachment: Attachment, owner: str) -> str:
     return f"{attachment.key}.{owner}"
 
 
-def _load(attachment: Attachment, owner: str) -> list[Element] | None:
+def _load(attachment: Attachment, owner: str) -> tuple[list[Element], list[Element]] | None:
+    """The attachment's confirmed and pending elements (see the module docstring), or ``None``."""
     rec = _RECORDS.load(_record_name(attachment, owner))
-    return None if rec is None else [Element.from_json(r) for r in rec.get("elements", ())]
+    if rec is None:
+        return None
+    return [Element.from_json(r) for r in rec.get("elements", ())], [
+        Element.from_json(r) for r in rec.get("pending", ())
+    ]
 
 
 def _epoch() -> str | None:
@@ -337,13 +358,13 @@ def _epoch() -> str | None:
     return rec if isinstance(rec, str) else None
 
 
-def _store(attachment: Attachment, owner: str, elements: Iterable[Element]) -> None:
+def _store(attachment: Attachment, owner: str, elements: Iterable[Element], pending: Iterable[Element] = ()) -> None:
     if _epoch() is None:
         _claim()
-    _RECORDS.store(
-        _record_name(attachment, owner),
-        {"attachment": attrs.asdict(attachment), "owner": owner, "elements": [e.to_json() for e in elements]},
-    )
+    record = {"attachment": attrs.asdict(attachment), "owner": owner, "elements": [e.to_json() for e in elements]}
+    if pending:
+        record["pending"] = [e.to_json() for e in pending]
+    _RECORDS.store(_record_name(attachment, owner), record)
 
 
 def _epoch_tokens() -> list[str] | None:
@@ -390,11 +411,21 @@ def _drop(elements: Iterable[Element]) -> list[str]:
     return out
 
 
-def _take(element: Element, comment: str) -> list[str]:
-    # add (fails with EEXIST if someone holds the key with other data), delete, add with our
-    # comment: an element left behind by a stale attachment with the same data (an address
-    # reused after a crash) becomes ours instead of staying under the stale comment.
-    return [element.add(), element.delete(), element.add(comment)]
+def _conflict(attachment: Attachment, elements: Iterable[Element]) -> ElementConflict | None:
+    """The first of ``elements`` held by another attachment (an error naming it), else ``None``.
+    O(n) per set (``get element``): only after a transaction failed with EEXIST."""
+    prefix = attachment.key + " "
+    for e in elements:
+        held = holder(e)
+        if held is not None and not held.startswith(prefix):
+            owner = " ".join(held.split(" ")[2:]) or "an element without an owner"
+            kind = "set" if e.data is None else "map"
+            error = ElementConflict(
+                f"element {e.key} of {kind} {e.set} of table {e.family} {TABLE} belongs to another attachment ({owner})"
+            )
+            error.element, error.holder = e, held
+            return error
+    return None
 
 
 def apply(
@@ -403,34 +434,82 @@ def apply(
     elements: Sequence[Element],
     sections: Sequence[Section] = (),
     shared: Sequence[Element] = (),
+    absent: Sequence[Element] = (),
 ) -> None:
     """Make ``elements`` the attachment's elements for ``owner``, in one transaction.
 
     Elements recorded by an earlier ADD of the same attachment and not wanted now are removed
-    in the same transaction. The record is written before the commit (listing old and new), so a
-    crash in between can leak nothing a later DEL would not find. ``shared`` elements (e.g. a
-    bridge's isolation entries) are added in the same transaction but belong to no attachment:
-    they are neither recorded nor commented, and no DEL removes them. A wanted element that is
-    already there under another attachment's comment with the same data is taken over.
+    in the same transaction. The record is written before the commit (the new elements as
+    pending), so a crash in between can leak nothing a later DEL would not find. ``shared``
+    elements (e.g. a bridge's isolation entries) are added in the same transaction but belong
+    to no attachment: they are neither recorded nor commented, and no DEL removes them. A
+    wanted element another attachment holds refuses the whole ADD (:class:`ElementConflict`),
+    nothing changed; so does an ``absent`` element's key (probed in the same transaction by
+    "create, delete": EEXIST when anyone holds it) held by another attachment.
     """
     if sections:
         ensure(sections)  # a no-op within VERIFY_EVERY of the last verification
-    old = _load(attachment, owner) or []
+    loaded = _load(attachment, owner)
+    old = _owned(attachment, loaded)
     wanted = list(dict.fromkeys(elements))
     stale = [e for e in old if e not in wanted]
-    _store(attachment, owner, [*stale, *wanted])
+    _store(attachment, owner, [*stale, *(e for e in wanted if e in old)], [e for e in wanted if e not in old])
     failpoint(f"nft.apply.{owner}.after-record")
     comment = attachment.comment(owner)
+    extra = [e.add() for e in shared]
+    keys = {(e.family, e.set, e.key) for e in wanted}
+    probes = [e for e in absent if (e.family, e.set, e.key) not in keys]
     try:
-        _commit([*_drop(stale), *(c for e in wanted for c in _take(e, comment)), *(e.add() for e in shared)], sections)
+        try:
+            _commit([*_drop(stale), *(e.create(comment) for e in wanted), *_probe(probes), *extra], sections)
+        except ElementConflict:
+            conflict = _conflict(attachment, [*wanted, *probes])
+            if conflict is not None:
+                raise conflict from None
+            # Every key that is there is ours already (a repeated ADD): keep those.
+            prefix = attachment.key + " "
+            ours = {e for e in [*wanted, *probes] if (holder(e) or "").startswith(prefix)}
+            again = [e.add(comment) if e in ours else e.create(comment) for e in wanted]
+            _commit([*_drop(stale), *again, *_probe([e for e in probes if e not in ours]), *extra], sections)
     except BaseException:
-        if old:
-            _store(attachment, owner, old)
+        if loaded is not None:
+            _store(attachment, owner, *loaded)
         else:
             _RECORDS.remove(_record_name(attachment, owner))
         raise
-    if stale:
-        _store(attachment, owner, wanted)
+    _store(attachment, owner, wanted)
+
+
+def _probe(elements: Iterable[Element]) -> list[str]:
+    return [c for e in elements for c in (e.create("probe"), e.delete())]
+
+
+def map_elements(family: str, name: str) -> list[Found]:
+    """The commented elements of one map of pycni's table. O(its size): no other set is read
+    (for small maps, such as the host-IP-specific host ports)."""
+    command = {"nftables": [{"list": {"map": {"family": family, "table": TABLE, "name": name}}}]}
+    rc, out, _ = _context().json_cmd(command)
+    found: list[Found] = []
+    for obj in (out or {}).get("nftables", ()) if rc == 0 else ():
+        for key, data in (obj.get("map") or {}).get("elem", ()):
+            if isinstance(key, dict) and "elem" in key and key["elem"].get("comment"):
+                found.append(Found(key["elem"]["comment"], family, name, key["elem"]["val"], data))
+    return found
+
+
+def recorded(owner: str, attachment: Attachment) -> list[Element] | None:
+    """The attachment's committed elements for ``owner`` (``None``: no record)."""
+    loaded = _load(attachment, owner)
+    return None if loaded is None else _owned(attachment, loaded)
+
+
+def _owned(attachment: Attachment, loaded: tuple[list[Element], list[Element]] | None) -> list[Element]:
+    """A record's confirmed elements, and its pending ones that carry the attachment's comment
+    (left by an ADD killed between its commit and the confirmation: rare, so ``holder`` is fine)."""
+    if loaded is None:
+        return []
+    prefix = attachment.key + " "
+    return [*loaded[0], *(e for e in loaded[1] if (holder(e) or "").startswith(prefix))]
 
 
 def _epoch_element(token: str) -> Element:
@@ -457,11 +536,13 @@ def _authoritative() -> bool:
 
 def release(owner: str, attachment: Attachment) -> None:
     """Remove the attachment's elements for ``owner``; a no-op when there are none."""
-    recorded = _load(attachment, owner)
-    if recorded is None:
+    loaded = _load(attachment, owner)
+    if loaded is None:
         if not _authoritative():
             _remove_found(_search(attachment.key, owner))
         return
+    # Pending elements only if ours: the ADD may have been killed before its commit.
+    recorded = _owned(attachment, loaded)
     if recorded:
         try:
             run(_drop(recorded))

@@ -51,7 +51,6 @@ DEL_FAILPOINTS = [
     "runtime.del.before-plugin@2",
     "nft.release.firewall.after-commit",
     "runtime.del.before-plugin@3",
-    "bridge.del.after-container",
     "bridge.del.after-link",
     "nft.release.spoofchk.after-commit",
     "nft.release.masq.after-commit",

@@ -412,3 +412,25 @@ def _vlan_refused_cleanly(make_netns, kit, tmp_path):
         BridgePlugin().handle(kit.request("ADD", conf, "c1", ctr.path))
     assert set(kit.links_in(None)) == before | {"pbr4"} and set(kit.links_in(ctr.path)) == {"lo"}
     assert not (tmp_path / "ipam").exists() and kit.nft_elements() == {}
+
+
+@pytest.mark.reference
+def test_an_add_whose_ipam_presents_another_attachments_address_is_refused_and_keeps_its_masquerade(
+    host, make_netns, kit, tmp_path
+):
+    """Masquerade elements are keyed by address: a second attachment handed the same address
+    (here by the reference static IPAM) must not take the first's element over, and neither
+    its undo nor its DEL may delete it."""
+    conf = {**kit.bridge_conf(tmp_path, V4), "ipam": {"type": "static", "addresses": [{"address": "10.77.0.5/24"}]}}
+    plugin = BridgePlugin()
+    first, second = make_netns("c"), make_netns("c")
+    result = plugin.handle(kit.request("ADD", conf, "owner", first.path))
+    masq = kit.nft_elements()["masq4"]
+    with pytest.raises(CNIError, match=r"ipMasq|masquerade") as raised:
+        plugin.handle(kit.request("ADD", conf, "thief", second.path))
+    assert "belongs to another attachment (testnet owner eth0)" in raised.value.msg
+    assert kit.nft_elements()["masq4"] == masq
+    assert set(kit.links_in(second.path)) == {"lo"}
+    plugin.handle(kit.request("DEL", conf, "thief", second.path))
+    assert kit.nft_elements()["masq4"] == masq
+    plugin.handle(kit.request("CHECK", {**conf, "prevResult": result}, "owner", first.path))

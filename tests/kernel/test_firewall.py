@@ -47,7 +47,9 @@ def test_add_check_del(host, kit):
 def test_admin_chains_come_first_and_are_configurable(host, kit):
     plugin = FirewallPlugin()
     plugin.handle(kit.request("ADD", _fw(), "a", "/x"))
-    plugin.handle(kit.request("ADD", _fw(iptablesAdminChainName="NOMAD-ADMIN", backend="iptables"), "b", "/x"))
+    other = {**PREV, "ips": [{"interface": 2, "address": "10.77.0.3/24"}]}
+    conf = _fw(iptablesAdminChainName="NOMAD-ADMIN", backend="iptables", prevResult=other)
+    plugin.handle(kit.request("ADD", conf, "b", "/x"))
     rules = _forward_rules(kit)
     assert "NOMAD-ADMIN" in rules[0] and "CNI-ADMIN" in rules[1]
     assert all("ADMIN" not in r for r in rules[2:])
@@ -69,3 +71,35 @@ def test_ingress_policy(host, kit):
         plugin.handle(kit.request("ADD", {"cniVersion": "1.0.0", "name": "n", "type": "firewall"}, "a", "/x"))
     with pytest.raises(CNIError, match="incompatible CNI versions"):
         plugin.handle(kit.request("ADD", _fw(cniVersion="0.3.1"), "a", "/x"))
+
+
+def test_an_add_presenting_another_attachments_address_is_refused_and_its_del_keeps_the_element(host, kit):
+    """Elements are keyed by address: an ADD whose prevResult claims an address another
+    attachment holds must not take its element over (nor its DEL delete it)."""
+    plugin = FirewallPlugin()
+    plugin.handle(kit.request("ADD", _fw(), "victim", "/x"))
+    before = kit.nft_elements()
+    with pytest.raises(CNIError, match=r"10.77.0.2 .*belongs to another attachment \(testnet victim eth0\)") as e:
+        plugin.handle(kit.request("ADD", _fw(), "thief", "/x"))
+    assert e.value.code == 999
+    assert kit.nft_elements() == before
+    plugin.handle(kit.request("DEL", _fw(), "thief", "/x"))
+    assert kit.nft_elements() == before
+    plugin.handle(kit.request("CHECK", _fw(), "victim", "/x"))
+
+
+def test_a_del_after_an_add_killed_before_its_commit_keeps_the_holders_element(host, kit):
+    """The record is written (the new elements pending) before the commit: if that ADD never
+    committed, its DEL must not delete the element another attachment holds for the address."""
+    import ipaddress
+
+    from pycni_plugins.kernel import layout, nft
+
+    plugin = FirewallPlugin()
+    plugin.handle(kit.request("ADD", _fw(), "victim", "/x"))
+    before = kit.nft_elements()
+    thief = nft.Attachment("testnet", "thief", "eth0")
+    nft._store(thief, "firewall", [], [layout.firewall_element(ipaddress.ip_address("10.77.0.2"))])
+    plugin.handle(kit.request("DEL", _fw(), "thief", "/x"))
+    assert kit.nft_elements() == before
+    plugin.handle(kit.request("CHECK", _fw(), "victim", "/x"))

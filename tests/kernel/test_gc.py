@@ -255,15 +255,20 @@ def test_a_rebuilt_table_is_claimed_again(host, kit, state_dir):
     assert nft._authoritative(), "the first commit into the new table claimed it back"
 
 
-def test_an_element_left_by_a_stale_attachment_is_taken_over(host, kit):
+def test_an_element_left_by_a_stale_attachment_is_not_taken_over_until_gc_collects_it(host, kit):
     """Same address, same data, stale comment (its owner's DEL never ran): the new owner's ADD
-    makes it its own, so CHECK passes and a GC of the stale one leaves it alone."""
+    is refused naming the holder (it could as well be a live attachment), nothing changed; a
+    GC that does not list the stale one collects its element, then the ADD succeeds."""
     element = layout.masq_element(ADDR)
     nft.apply("masq", A, [element], SECTIONS)
     nft._RECORDS.remove(f"{A.key}.masq")  # A is forgotten
+    with pytest.raises(nft.ElementConflict, match=r"belongs to another attachment \(net1 a eth0\)"):
+        nft.apply("masq", B, [element], SECTIONS)
+    assert nft.holder(element).startswith(A.key)
+    assert nft._RECORDS.load(f"{B.key}.masq") is None
+    assert len(nft.collect("net1", [("b", "eth0")], ("masq",))) == 1
     nft.apply("masq", B, [element], SECTIONS)
     assert nft.check(B, [element], SECTIONS) is None
-    assert nft.collect("net1", [("b", "eth0")], ("masq",)) == []
     assert nft.holder(element).startswith(B.key)
 
 

@@ -159,3 +159,88 @@ def test_new_udp_host_port_flushes_stale_conntrack_entries(attached, kit):
     finally:
         out.close()
         into.close()
+
+
+def _refused(plugin, kit, request, match):
+    before = kit.nft_ruleset()
+    with pytest.raises(CNIError, match=match) as raised:
+        plugin.handle(request)
+    assert kit.nft_ruleset() == before
+    return raised.value
+
+
+def test_a_host_ip_mapping_is_refused_while_another_container_publishes_the_port_everywhere(attached, kit):
+    """(proto, port) on one address would shadow another container's (proto, port) on every
+    address for that address: refused, nothing changed, the holder still CHECK-clean."""
+    _, [(a, ra), (b, rb)] = attached
+    plugin = PortmapPlugin()
+    wild = [{"hostPort": 18080, "containerPort": 80}]
+    plugin.handle(kit.request("ADD", _pm(ra, wild), "a", a.path))
+    one = [{"hostPort": 18080, "containerPort": 80, "hostIP": "10.77.0.1"}]
+    _refused(plugin, kit, kit.request("ADD", _pm(rb, one), "b", b.path), r"host port 18080/tcp .*\(testnet a eth0\)")
+    plugin.handle(kit.request("DEL", _pm(rb, one), "b", b.path))
+    plugin.handle(kit.request("CHECK", _pm(ra, wild), "a", a.path))
+    stop = kit.serve_tcp(a.path, "::", 80)
+    try:
+        assert kit.tcp_get(None, "10.77.0.1", 18080) == b"pong"  # still a's
+    finally:
+        stop()
+    # Another port on that address is free.
+    plugin.handle(
+        kit.request("ADD", _pm(rb, [{"hostPort": 18081, "containerPort": 80, "hostIP": "10.77.0.1"}]), "b", b.path)
+    )
+
+
+def test_an_every_address_mapping_is_refused_while_another_container_publishes_the_port_on_one(attached, kit):
+    _, [(a, ra), (b, rb)] = attached
+    plugin = PortmapPlugin()
+    one = [{"hostPort": 18080, "containerPort": 80, "hostIP": "10.77.0.1"}]
+    plugin.handle(kit.request("ADD", _pm(ra, one), "a", a.path))
+    wild = [{"hostPort": 18080, "containerPort": 80}]
+    _refused(
+        plugin,
+        kit,
+        kit.request("ADD", _pm(rb, wild), "b", b.path),
+        r"host port 10.77.0.1:18080/tcp .*\(testnet a eth0\)",
+    )
+    plugin.handle(kit.request("DEL", _pm(rb, wild), "b", b.path))
+    plugin.handle(kit.request("CHECK", _pm(ra, one), "a", a.path))
+    # Other host IPs on the same port coexist; one container may hold both kinds of one port.
+    plugin.handle(kit.request("ADD", _pm(rb, [{**one[0], "hostIP": "10.77.0.9"}]), "b", b.path))
+    plugin.handle(
+        kit.request(
+            "ADD",
+            _pm(
+                ra,
+                [
+                    *one,
+                    {"hostPort": 18090, "containerPort": 80},
+                    {"hostPort": 18090, "containerPort": 80, "hostIP": "10.77.0.1"},
+                ],
+            ),
+            "a",
+            a.path,
+        )
+    )
+
+
+def test_a_refused_mapping_says_what_the_earlier_plugins_left_and_that_del_removes_it(attached, kit):
+    _, [(a, ra), (b, rb)] = attached
+    plugin = PortmapPlugin()
+    maps = [{"hostPort": 18080, "containerPort": 80}]
+    plugin.handle(kit.request("ADD", _pm(ra, maps), "a", a.path))
+    error = _refused(plugin, kit, kit.request("ADD", _pm(rb, maps), "b", b.path), "already mapped")
+    assert "nothing was changed" not in error.details
+    assert error.details.startswith("portmap changed nothing; what the earlier plugins set up for b/eth0")
+    assert "eth0" in error.details and rb["ips"][0]["address"] in error.details
+    assert "a DEL of this attachment removes it" in error.details
+
+
+@pytest.mark.parametrize("host_ip", ["fd77::1%pbr0", "fe80::1%1", "10.77.0.1%x"])
+def test_a_host_ip_with_a_zone_is_refused_at_validation(attached, kit, host_ip):
+    _, [(a, ra), _] = attached
+    maps = [{"hostPort": 18080, "containerPort": 80, "hostIP": host_ip}]
+    request = kit.request("ADD", _pm(ra, maps), "a", a.path)
+    with pytest.raises(CNIError, match=f'invalid host ip "{host_ip}" provided for port 18080'):
+        PortmapPlugin().validate(request)
+    _refused(PortmapPlugin(), kit, request, "invalid host ip")

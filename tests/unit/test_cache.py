@@ -73,7 +73,7 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path):
 
 
 def test_legacy_raw_result_file_is_read_as_a_result(tmp_path):
-    (tmp_path / "results").mkdir()
+    (tmp_path / "results").mkdir(mode=0o700)
     (tmp_path / "results" / "net-c1-eth0").write_text(json.dumps(RESULT))
     got = ResultsCache(str(tmp_path)).read("net", "c1", "eth0")
     assert got.result == RESULT and got.config == b""
@@ -101,7 +101,7 @@ def test_entry_result_is_a_go_map_so_a_repeated_key_keeps_its_last_value(tmp_pat
 
 @pytest.mark.parametrize("content", [b"", b"{trunc", b"[1]", b'{"kind":"cniCacheV1","config":"%%%"}'])
 def test_corrupt_files_raise_cache_error(tmp_path, content):
-    (tmp_path / "results").mkdir()
+    (tmp_path / "results").mkdir(mode=0o700)
     (tmp_path / "results" / "net-c1-eth0").write_bytes(content)
     with pytest.raises(CacheError):
         ResultsCache(str(tmp_path)).read("net", "c1", "eth0")

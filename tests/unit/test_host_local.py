@@ -308,6 +308,18 @@ def test_unplaceable_requested_ips_fail_and_roll_back(data_dir: Path) -> None:
     assert leases(data_dir) == {}
 
 
+def test_a_failed_add_frees_only_what_it_reserved_not_the_attachments_earlier_leases(data_dir: Path) -> None:
+    """Range 0 takes the requested IP, range 1 finds the attachment's earlier lease (duplicate):
+    the failed ADD frees its one reservation; a release by ID (Go's) freed the earlier leases too."""
+    ipam = {"ranges": [[{"subnet": "10.0.0.0/24"}], [{"subnet": "10.1.0.0/24"}]]}
+    conf = make_conf(data_dir, ipam)
+    add(conf)
+    before = leases(data_dir)
+    err = error_of("ADD", conf, args="IP=10.0.0.50")
+    assert "duplicate allocation is not allowed" in err.msg
+    assert leases(data_dir) == before
+
+
 def test_requested_ips_skip_the_duplicate_check(data_dir: Path) -> None:
     conf = make_conf(data_dir)
     add(conf)
@@ -351,6 +363,16 @@ def test_del_releases_only_that_attachment_and_is_idempotent(data_dir: Path) -> 
         "10.0.0.4": b"b\r\neth0",
         "fd00::4": b"b\r\neth0",
     }
+
+
+def test_a_lease_longer_than_4096_bytes_is_read_whole_and_released(data_dir: Path) -> None:
+    conf = make_conf(data_dir)
+    long_id = "c" * 4100  # another tool's lease: pycni refuses such IDs before host-local runs
+    add(conf, "other")
+    (data_dir / NET / "10.0.0.9").write_bytes(long_id.encode() + b"\r\neth0")
+    run("CHECK", conf, long_id)
+    run("DEL", conf, long_id)
+    assert list(leases(data_dir)) == ["10.0.0.2"]
 
 
 def test_del_falls_back_to_legacy_bare_id_files(data_dir: Path) -> None:
