@@ -67,21 +67,19 @@ def _setns(fd: int, what: str) -> None:
 
 
 def open_netns(path: str | int) -> int:
-    """Open ``path`` (never creating it; an int is duplicated; a path :func:`bound` in this
-    context gives a duplicate of its fd) and check that it is a network namespace; the caller
-    closes the fd. Opened non-blocking: a FIFO planted as the netns path would otherwise block the
-    open forever (with the container's lock held). Anything but a network namespace, such as the
-    empty file a namespace was bind-mounted on before a reboot, is ``EINVAL``."""
-    target = _bound.get().get(path) if isinstance(path, str) else None
-    if target is not None and target < 0:
-        raise NetnsError(-target, f"failed to open netns {path!r}: {os.strerror(-target)}")
-    try:
+    """Open ``path`` (never creating it; an int is duplicated) and check that it is a network
+    namespace; the caller closes the fd. Opened non-blocking: a FIFO planted as the netns path
+    would otherwise block the open forever (with the container's lock held). Anything but a
+    network namespace, such as the empty file a namespace was bind-mounted on before a reboot,
+    is ``EINVAL``."""
+    if isinstance(path, str):
+        target = _bound.get().get(path)
         if target is not None:
-            fd = os.dup(target)
-        elif isinstance(path, int):
-            fd = os.dup(path)
-        else:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            if target < 0:
+                raise NetnsError(-target, f"failed to open netns {path!r}: {os.strerror(-target)}")
+            path = target  # the namespace the caller opened for this path (see bound())
+    try:
+        fd = os.dup(path) if isinstance(path, int) else os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
         raise NetnsError(e.errno, f"failed to open netns {path!r}: {e.strerror}") from None
     try:

@@ -7,8 +7,8 @@ appends, after the standard library, pycni's own directory and the site director
 interpreter has in isolated mode (its site/dist-packages, Debian's ``python3-nftables``
 included), so it imports the same pycni, attrs and libnftables bindings, then hands over to
 :func:`pycni_plugins.skel.main` with the plugin class resolved at install time. Nothing from the
-installer's environment (its current directory, ``PYTHONPATH``, user site) is baked in: a
-plugin runs as root.
+installer's environment (its current directory, ``PYTHONPATH``, user site) is baked in: a plugin
+runs as root.
 """
 
 from __future__ import annotations
