@@ -4,7 +4,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="iproute2 nftables python3-nftables python3-venv iptables containernetworking-plugins netavark procps"
+APT_PACKAGES="iproute2 nftables python3-nftables python3-venv iptables containernetworking-plugins netavark procps podman containerd runc busybox-static"
 missing=""
 for p in $APT_PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
