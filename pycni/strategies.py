@@ -595,17 +595,21 @@ _arg_keys = st.sampled_from(["K8S_POD_NAME", "K8S_POD_NAMESPACE", "K8S_POD_INFRA
 _arg_values = st.text(alphabet=string.ascii_letters + string.digits + "-_./:", min_size=1, max_size=16)
 
 
+# What an environment variable can hold: any UTF-8 but NUL (execve cannot pass it).
+_env_text = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40)
+
+
 def cni_args(*, ignore_unknown: bool | None = None, hostile: bool = False) -> st.SearchStrategy[str]:
     """``CNI_ARGS`` strings (``K=V;K=V``). ``ignore_unknown`` True/False forces ``IgnoreUnknown=1``
     in or out (else either); ``hostile`` ones break the syntax (no ``=``, empty keys, ``;;``,
-    NUL, huge values)."""
+    control characters, a 70 000-byte value); every one can be passed in an environment."""
     pairs = st.lists(st.tuples(_arg_keys, _arg_values), max_size=4).map(lambda ps: [f"{k}={v}" for k, v in ps])
     flag = st.booleans() if ignore_unknown is None else st.just(ignore_unknown)
     valid = st.tuples(flag, pairs).map(lambda t: ";".join((["IgnoreUnknown=1"] if t[0] else []) + t[1]))
     if not hostile:
         return valid
-    broken = st.sampled_from(["=", "a", ";", ";;", "=v", "k=", "a=b=c", "a=b;c", "\x00=1", "IgnoreUnknown=1;x"])
-    return st.one_of(broken, st.text(max_size=40), valid.map(lambda s: s + ";" + "x=" + "y" * 70_000))
+    broken = st.sampled_from(["=", "a", ";", ";;", "=v", "k=", "a=b=c", "a=b;c", "\t=\n", "IgnoreUnknown=1;x"])
+    return st.one_of(broken, _env_text, valid.map(lambda s: s + ";" + "x=" + "y" * 70_000))
 
 
 def cni_environments(
@@ -619,7 +623,8 @@ def cni_environments(
 ) -> st.SearchStrategy[dict[str, str]]:
     """``CNI_*`` environments for ``command`` (ADD, CHECK, DEL, GC, STATUS, VERSION; any when
     ``None``) as a runtime sets them, with ``CNI_ARGS`` sometimes. ``hostile`` ones have a
-    variable missing, empty or invalid (a container ID with ``/``, a 16-byte ifname, ``..``)."""
+    variable missing, empty or invalid (a container ID with ``/``, a 16-byte ifname, ``..``);
+    all are valid environments (no NUL, UTF-8), so they can be handed to ``execve``."""
     commands = (
         st.sampled_from(["ADD", "CHECK", "DEL", "GC", "STATUS", "VERSION"]) if command is None else st.just(command)
     )
@@ -639,7 +644,7 @@ def cni_environments(
         if hostile:
             key = draw(st.sampled_from(sorted(env)))
             bad = {
-                "CNI_COMMAND": ["", "add", "NOPE", "ADD\x00"],
+                "CNI_COMMAND": ["", "add", "NOPE", "ADD "],
                 "CNI_CONTAINERID": ["", "a/b", "-x", "a b", "x" * 5000],
                 "CNI_NETNS": ["", "/nonexistent/netns", "/proc/self/ns/mnt", "relative"],
                 "CNI_IFNAME": ["", ".", "..", "a/b", "a" * 16, "eth 0", "eth:0"],
