@@ -589,8 +589,10 @@ def attachment_results(
 
 container_ids = st.from_regex(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]{0,63}", fullmatch=True)
 ifnames = st.from_regex(r"[a-z][a-z0-9]{0,14}", fullmatch=True).filter(lambda n: n not in (".", ".."))
-_arg_keys = st.sampled_from(["K8S_POD_NAME", "K8S_POD_NAMESPACE", "K8S_POD_INFRA_CONTAINER_ID", "IP", "MAC"]) | (
-    st.text(alphabet=string.ascii_letters + string.digits + "_", min_size=1, max_size=10)
+_arg_keys = st.sampled_from(["K8S_POD_NAME", "K8S_POD_NAMESPACE", "K8S_POD_INFRA_CONTAINER_ID"]) | (
+    st.text(alphabet=string.ascii_letters + string.digits + "_", min_size=1, max_size=10).filter(
+        lambda k: k.upper() not in ("IP", "MAC", "IGNOREUNKNOWN")  # values of these are checked
+    )
 )
 _arg_values = st.text(alphabet=string.ascii_letters + string.digits + "-_./:", min_size=1, max_size=16)
 
