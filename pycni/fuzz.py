@@ -28,6 +28,7 @@ environment and command line of every call (:class:`Step`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import json
 import os
@@ -412,8 +413,11 @@ def _examples(options: Options, world: _World) -> st.SearchStrategy[_Example]:
                 config["prevResult"] = draw(strategies.results().map(lambda r: r.to_json()))
             config = draw(strategies.mutations(config))
         elif kind == "hostile-env":
+            # the same IDs, one variable broken (or gone)
             hostile = draw(
-                strategies.cni_environments("ADD", netns=world.container, path=env["CNI_PATH"], hostile=True)
+                strategies.cni_environments(
+                    "ADD", netns=world.container, path=env["CNI_PATH"], container_id=cid, ifname=ifname, hostile=True
+                )
             )
             env = {k: v for k, v in hostile.items() if k != "CNI_COMMAND"}
         config = _pin_data_dirs(config, world)
@@ -458,7 +462,7 @@ def _run_example(options: Options, world: _World, example: _Example) -> tuple[li
                 return steps, found
         return steps, None
 
-    before = _state(world)
+    before = _settled(world)
     add = call("ADD", example.stdin)
     found = _judge(add, example.version)
     if found:
@@ -619,6 +623,19 @@ def _container_side(ifname: str, result: AnyResult) -> None:
                     )
 
 
+def _settled(world: _World, timeout: float = 2.0) -> dict[str, dict[str, list[str]]]:
+    """The state once the container's links, addresses and routes stop changing: the kernel adds a
+    made-real prevResult's IPv6 local routes when the veth's carrier comes up, a moment later."""
+    links, deadline = netns.run_in(world.container, _read_links), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        again = netns.run_in(world.container, _read_links)
+        if again == links:
+            break
+        links = again
+    return _state(world)
+
+
 def _state(world: _World) -> dict[str, dict[str, list[str]]]:
     return {
         "host": netns.run_in(world.host, _read_state),
@@ -628,6 +645,10 @@ def _state(world: _World) -> dict[str, dict[str, list[str]]]:
 
 def _read_state() -> dict[str, list[str]]:
     """(In a namespace.) Its links, addresses, routes and packet-filter rules, as text lines."""
+    return {**_read_links(), "rules": _rules()}
+
+
+def _read_links() -> dict[str, list[str]]:
     from pyroute2 import IPRoute
 
     with IPRoute() as ipr:
@@ -644,11 +665,12 @@ def _read_state() -> dict[str, list[str]]:
                     f"{r.get('dst') or 'default'}/{r['dst_len']} via {r.get('gateway')} dev {names.get(r.get('oif'))}"
                     f" table {r.get('table')}"
                 )
-    return {"links": links, "addresses": addresses, "routes": routes, "rules": _rules()}
+    return {"links": links, "addresses": addresses, "routes": routes}
 
 
 def _rules() -> list[str]:
-    """nftables' ruleset (pycni's tables, and iptables-nft's) and iptables-save's view of it."""
+    """The nftables ruleset (pycni's tables, and iptables-nft's: its comments, addresses and
+    targets all show there), plus iptables-save's where iptables is the legacy one."""
     lines: list[str] = []
     try:
         import nftables
@@ -658,11 +680,19 @@ def _rules() -> list[str]:
             lines += out.splitlines()
     except ImportError:
         pass
-    for tool in ("iptables-save", "ip6tables-save"):
-        if shutil.which(tool):
+    if _legacy_iptables():
+        for tool in ("iptables-save", "ip6tables-save"):
             proc = subprocess.run([tool], capture_output=True, text=True, check=False)
             lines += [line for line in proc.stdout.splitlines() if not line.startswith("#")]
     return [line.strip() for line in lines if line.strip()]
+
+
+@functools.cache
+def _legacy_iptables() -> bool:
+    if not shutil.which("iptables-save"):
+        return False
+    version = subprocess.run(["iptables", "-V"], capture_output=True, text=True, check=False).stdout
+    return "nf_tables" not in version
 
 
 def _attachment_ips(add_stdout: bytes, attachment: AnyResult | None) -> set[str]:
@@ -691,7 +721,7 @@ def _leftovers(
     data_dir: str,
 ) -> list[str]:
     patterns = [_ip_pattern(ip) for ip in ips]
-    if container_id:
+    if len(container_id) >= 4:  # a shorter (hostile) one would be found in every counter
         patterns.append(rf"(?<![\w.-]){re.escape(container_id)}(?![\w.-])")
     mentions = re.compile("|".join(patterns)) if patterns else None
     out: list[str] = []
@@ -709,7 +739,16 @@ def _leftovers(
         ]
         if addresses:
             out.append(f"{where} addresses {addresses}")
-        routes = [r for r in new["routes"] if mentions and mentions.search(r.split(" dev ")[0])]
+        # The kernel's own local-table route for an address that was there before ADD (it can
+        # appear late, when the made-real prevResult's veth gets its carrier) is not the plugin's.
+        had = {a.split()[1].split("/")[0] for a in before[where]["addresses"]}
+        routes = [
+            r
+            for r in new["routes"]
+            if mentions
+            and mentions.search(r.split(" dev ")[0])
+            and not (r.endswith(" table 255") and r.split("/")[0] in had)
+        ]
         if routes:
             out.append(f"{where} routes {routes}")
         rules = [r for r in new["rules"] if mentions and mentions.search(r)]
@@ -724,7 +763,9 @@ def _leftovers(
                     content = f.read(65536).decode("utf-8", "replace")
             except OSError:
                 continue
-            if name in ips or (container_id and re.search(rf"(?<![\w.-]){re.escape(container_id)}(?![\w.-])", content)):
+            if name in ips or (
+                len(container_id) >= 4 and re.search(rf"(?<![\w.-]){re.escape(container_id)}(?![\w.-])", content)
+            ):
                 files.append(os.path.relpath(path, data_dir))
     if files:
         out.append(f"files in the data dir {sorted(files)}")
