@@ -7,13 +7,20 @@ not a RecursionError.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
     "JSONDecodeFailure",
+    "GoFields",
+    "Repeated",
+    "go_field",
+    "go_fold",
+    "members_of",
     "loads",
     "dumps_compact",
     "go_escape",
@@ -46,16 +53,100 @@ def _float64_int(text: str) -> int:
     return int(text)
 
 
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_float)
+class Repeated(dict):  # type: ignore[type-arg]
+    """A decoded object that repeats a key: as a dict it holds the last value (what a Go map
+    keeps); ``pairs`` are all its members in order (what a Go struct decoder sees)."""
+
+    __slots__ = ("pairs",)
+    pairs: list[tuple[str, Any]]
+
+
+def members_of(obj: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """All of a decoded object's members in document order, repeated keys included."""
+    return obj.pairs if type(obj) is Repeated else list(obj.items())
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) == len(pairs):
+        return obj
+    repeated = Repeated(obj)
+    repeated.pairs = pairs
+    return repeated
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_float, object_pairs_hook=_object)
 # Go code that decodes into interface{} (libcni reading results) turns every number into a
 # float64, so an integer literal beyond float64 range is an error there too.
-_FLOAT64_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_float, parse_int=_float64_int)
+_FLOAT64_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_parse_float, parse_int=_float64_int, object_pairs_hook=_object
+)
+# Plain dicts: what Go keeps when it decodes into map[string]interface{} (a key's last value).
+_MAP_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_parse_float)
+_FLOAT64_MAP_DECODER = json.JSONDecoder(
+    parse_constant=_reject_constant, parse_float=_parse_float, parse_int=_float64_int
+)
+
+# Go's encoding/json folds a key onto an ASCII field name with simple case folding: ASCII
+# letters, plus U+017F (long s) and U+212A (Kelvin sign), which fold onto "s" and "k".
+_FOLD_TABLE = {**{c: c + 32 for c in range(ord("A"), ord("Z") + 1)}, 0x17F: "s", 0x212A: "k"}
 
 
-def loads(data: bytes | str, *, float64_numbers: bool = False) -> Any:
+def go_fold(key: str) -> str:
+    """The form under which Go matches ``key`` to a struct field case-insensitively."""
+    return key.lower() if key.isascii() else key.translate(_FOLD_TABLE)
+
+
+class GoFields:
+    """The JSON field names of one Go struct and Go's rule for matching a key to one of them:
+    the field named exactly, else the first field equal under case folding; unknown keys match
+    nothing. (A Go *map* matches keys exactly: use the dict itself.)"""
+
+    __slots__ = ("names", "_folded")
+
+    def __init__(self, *names: str) -> None:
+        self.names = frozenset(names)
+        self._folded: dict[str, str] = {}
+        for name in names:
+            self._folded.setdefault(go_fold(name), name)
+
+    def lookup(self, key: Any) -> str | None:
+        if key in self.names:
+            return key  # type: ignore[no-any-return]
+        return self._folded.get(go_fold(key)) if isinstance(key, str) else None
+
+    def pairs(self, obj: Mapping[str, Any]) -> list[tuple[str, Any]]:
+        """``obj``'s members that reach a field, as ``(field, value)`` in document order
+        (repeated keys included: Go decodes each in turn into the same field)."""
+        out = []
+        for key, value in members_of(obj):
+            name = self.lookup(key)
+            if name is not None:
+                out.append((name, value))
+        return out
+
+    def pick(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``obj`` by field name, the later of two keys for one field winning (scalars, as Go)."""
+        if type(obj) is not Repeated and obj.keys() <= self.names:
+            return obj
+        return dict(self.pairs(obj))
+
+
+_single_field = functools.lru_cache(maxsize=1024)(GoFields)
+
+
+def go_field(obj: Mapping[str, Any], name: str) -> Any:
+    """The value Go decodes into struct field ``name`` from ``obj`` (None when no key reaches it)."""
+    return _single_field(name).pick(obj).get(name)
+
+
+def loads(data: bytes | str, *, float64_numbers: bool = False, go_maps: bool = False) -> Any:
     """Decode one JSON document; raise :class:`JSONDecodeFailure` with a readable reason.
 
-    ``float64_numbers`` also refuses integers a float64 cannot hold (as libcni does for results).
+    Objects that repeat a key come back as :class:`Repeated`, for decoders that follow Go's
+    struct rules; ``go_maps`` instead keeps only each key's last value everywhere, as Go does
+    when it decodes into ``map[string]interface{}``. ``float64_numbers`` also refuses integers a
+    float64 cannot hold (as libcni does for results).
     """
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
@@ -65,6 +156,8 @@ def loads(data: bytes | str, *, float64_numbers: bool = False) -> Any:
     if not data.strip():
         raise JSONDecodeFailure("unexpected end of JSON input")
     try:
+        if go_maps:
+            return (_MAP_DECODER if not float64_numbers else _FLOAT64_MAP_DECODER).decode(data)
         return (_FLOAT64_DECODER if float64_numbers else _DECODER).decode(data)
     except json.JSONDecodeError as e:
         raise JSONDecodeFailure(f"{e.msg} at line {e.lineno} column {e.colno}") from None

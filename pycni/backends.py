@@ -9,6 +9,7 @@ The request JSON and semantics are identical whichever runs it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -20,11 +21,27 @@ from .errors import CNIError, ErrorCode, InvalidArgumentError, PluginError, Plug
 from .invoke import VersionInfo, exec_plugin, exec_version, find_plugin
 from .plugin import Plugin, PluginRequest, builtin_plugin
 
-__all__ = ["Backend", "ExecBackend", "InProcessBackend", "AutoBackend", "select_backend", "BACKEND_NAMES"]
+__all__ = [
+    "Backend",
+    "ExecBackend",
+    "InProcessBackend",
+    "AutoBackend",
+    "select_backend",
+    "validate_timeout",
+    "BACKEND_NAMES",
+]
 
 log = logging.getLogger("pycni.backends")
 BACKEND_NAMES = ("exec", "inprocess", "auto")
 BUILTIN_LOCATION = "<built-in>"
+
+
+def validate_timeout(timeout: float | None) -> float | None:
+    """``None`` (no limit) or a finite number of seconds > 0: NaN would disable the deadline
+    and a negative one kill every plugin at once."""
+    if timeout is not None and not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+        raise InvalidArgumentError(f"invalid plugin timeout {timeout!r}: must be a finite number of seconds > 0")
+    return timeout
 
 
 class Backend(Protocol):
@@ -47,7 +64,7 @@ class ExecBackend:
     name = "exec"
 
     def __init__(self, timeout: float | None = None) -> None:
-        self.timeout = timeout
+        self.timeout = validate_timeout(timeout)
 
     def find(self, plugin_type: str, paths: Sequence[str]) -> str:
         return find_plugin(plugin_type, paths)

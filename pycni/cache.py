@@ -30,9 +30,10 @@ from typing import Any
 import attrs
 
 from . import _json
+from ._fs import check_private_dir
 from .config import NAME_PATTERN
 from .errors import CacheError, ErrorCode, InvalidArgumentError
-from .request import validate_container_id, validate_ifname
+from .request import validate_attachment_key
 
 __all__ = ["ResultsCache", "CachedAttachment", "DEFAULT_CACHE_DIR", "CACHE_KIND"]
 
@@ -46,12 +47,22 @@ def _unwritable(e: BaseException) -> bool:
     return "read-only" in str(e).lower() or "permission denied" in str(e).lower()
 
 
+def _ours(fd: int) -> bool:
+    """Whether this uid owns the open entry: another uid's entry is never acted on."""
+    return os.fstat(fd).st_uid == os.geteuid()
+
+
 DEFAULT_CACHE_DIR = "/var/lib/cni"
 #: Seconds an operation waits for a lock before giving up with "try again later" (code 11): a
 #: lock is only held that long by a stuck operation, e.g. an exec'd plugin that never ends.
 LOCK_TIMEOUT = 300.0
 CACHE_KIND = "cniCacheV1"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+_CACHED_INFO = _json.GoFields(
+    "kind", "containerId", "config", "ifName", "networkName", "netns", "cniArgs", "capabilityArgs", "result"
+)
 
 
 @attrs.frozen
@@ -88,7 +99,9 @@ class CachedAttachment:
 
     @classmethod
     def from_json(cls, data: Any) -> CachedAttachment:
-        """Decode a ``cniCacheV1`` object; anything else raises :class:`CacheError`."""
+        """Decode a ``cniCacheV1`` object (libcni's ``cachedInfo`` struct); else raise :class:`CacheError`."""
+        if isinstance(data, dict):
+            data = _CACHED_INFO.pick(data)
         if not isinstance(data, dict) or data.get("kind") != CACHE_KIND:
             kind = data.get("kind") if isinstance(data, dict) else None
             raise CacheError(f"cached network config has wrong kind: {kind}")
@@ -132,8 +145,7 @@ def _check_key(network: str, container_id: str, ifname: str) -> None:
         )
     if not NAME_PATTERN.fullmatch(network):
         raise InvalidArgumentError("invalid characters found in network name", network, code=7)
-    validate_container_id(container_id)
-    validate_ifname(ifname)
+    validate_attachment_key(network, container_id, ifname)
 
 
 class ResultsCache:
@@ -155,7 +167,9 @@ class ResultsCache:
     # -- directories -------------------------------------------------------------------
 
     def _open_dir(self, path: str, *, create: bool) -> int:
-        """Open a cache subdirectory (0700) without following a symlink planted in its place."""
+        """Open a cache subdirectory (0700) without following a symlink planted in its place;
+        refused unless it is private to this uid, as the plugins' state dir is: its entries
+        decide what DEL and GC act on."""
         if create:
             try:
                 os.makedirs(self.root, mode=0o700, exist_ok=True)
@@ -165,12 +179,18 @@ class ResultsCache:
             except OSError as e:
                 raise CacheError(f"failed to create cache dir {path}: {e.strerror}") from None
         try:
-            return os.open(path, _DIR_FLAGS)
+            fd = os.open(path, _DIR_FLAGS)
         except OSError as e:
             if e.errno == errno.ENOENT and not create:
                 raise
             reason = "is a symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
             raise CacheError(f"cannot use cache dir {path}: {reason}") from None
+        try:
+            check_private_dir(fd, f"cache dir {path}")
+        except PermissionError as e:
+            os.close(fd)
+            raise CacheError(f"refusing cache dir {path}: {e.strerror}", code=ErrorCode.IO_FAILURE) from None
+        return fd
 
     def ensure_writable(self) -> None:
         """Fail now, with a clear error, if entries could not be written later."""
@@ -190,7 +210,7 @@ class ResultsCache:
         name = self.file_name(entry.network, entry.container_id, entry.ifname)
         data = entry.to_bytes()
         dfd = self._open_dir(self.results_dir, create=True)
-        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+        tmp = f".{secrets.token_hex(8)}.tmp"  # not derived from name: a 255-byte name must fit
         try:
             try:
                 fd = os.open(
@@ -231,6 +251,10 @@ class ResultsCache:
         finally:
             os.close(dfd)
         with os.fdopen(fd, "rb") as f:
+            if not _ours(fd):
+                raise CacheError(
+                    f"refusing cache file {os.path.join(self.results_dir, name)}: not owned by uid {os.geteuid()}"
+                )
             return f.read()
 
     def read(self, network: str, container_id: str, ifname: str) -> CachedAttachment | None:
@@ -242,16 +266,19 @@ class ResultsCache:
         if data is None:
             return None
         try:
-            decoded = _json.loads(data)
+            # libcni keeps an entry's result as a map[string]interface{}: a repeated key, its last value.
+            decoded = _json.loads(data, go_maps=True)
         except _json.JSONDecodeFailure as e:
             raise CacheError(f"failed to decode cached result for {network}/{container_id}/{ifname}: {e}") from None
-        if isinstance(decoded, dict) and "kind" in decoded:
+        if isinstance(decoded, dict) and "kind" in _CACHED_INFO.pick(decoded):
             # libcni would try a foreign-kind file as a legacy result; legacy results never had a
             # "kind", so such a file is someone else's and must not become a prevResult.
             return CachedAttachment.from_json(decoded)
         if not isinstance(decoded, dict):
             raise CacheError(f"cached result for {network}/{container_id}/{ifname} is not a JSON object")
-        return CachedAttachment(container_id=container_id, network=network, ifname=ifname, result=decoded)
+        # A legacy file is decoded straight into the result's structs.
+        result = _json.loads(data)
+        return CachedAttachment(container_id=container_id, network=network, ifname=ifname, result=result)
 
     def delete(self, network: str, container_id: str, ifname: str) -> None:
         name = self.file_name(network, container_id, ifname)
@@ -269,10 +296,11 @@ class ResultsCache:
             os.close(dfd)
 
     def attachments(self, container_id: str | None = None) -> list[CachedAttachment]:
-        """Every readable ``cniCacheV1`` entry (sorted by file name); unreadable ones are skipped."""
+        """Every readable ``cniCacheV1`` entry this uid owns (sorted by file name); unreadable
+        ones are skipped. A cache dir that cannot be trusted raises :class:`CacheError`."""
         try:
             dfd = self._open_dir(self.results_dir, create=False)
-        except (FileNotFoundError, CacheError):
+        except FileNotFoundError:
             return []
         found = []
         try:
@@ -284,6 +312,8 @@ class ResultsCache:
                 try:
                     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
                     with os.fdopen(fd, "rb") as f:
+                        if not _ours(fd):
+                            continue
                         entry = CachedAttachment.from_json(_json.loads(f.read()))
                 except (OSError, _json.JSONDecodeFailure, CacheError):
                     continue

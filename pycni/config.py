@@ -4,6 +4,12 @@ A *network configuration list* (``.conflist``) holds the network ``name``, the `
 the runtime uses with every plugin, and the ``plugins`` chain. Single-plugin ``.conf``/``.json``
 files are the deprecated form and are up-converted to a one-plugin list. Unknown keys are kept
 exactly (integers stay integers) because plugins read them.
+
+Loading checks what libcni checks, no more: a plugin config is decoded as Go decodes it into
+``types.PluginConf`` (keys matched exactly, else case-insensitively; a wrongly typed known field
+is an error), while network names and plugin types are validated where they are used (ADD,
+CHECK, DEL, GC take the network lock, which refuses bad names; looking a plugin up refuses a type
+with a path separator), so a bad name elsewhere in the directory does not hide a good network.
 """
 
 from __future__ import annotations
@@ -55,31 +61,35 @@ class NetworkConfig:
     raw: Mapping[str, Any]
     source: str = ""
 
+    data: bytes = b""
+    """The file's bytes for a single-plugin config (libcni keeps them exactly); else empty."""
+
+    def _field(self, name: str) -> Any:
+        return _PLUGIN_CONF.pick(self.raw).get(name)
+
     @property
     def type(self) -> str:
-        return self.raw["type"]
+        return self._field("type") or ""
 
     @property
     def name(self) -> str:
-        value = self.raw.get("name", "")
-        return value if isinstance(value, str) else ""
+        return self._field("name") or ""
 
     @property
     def cni_version(self) -> str:
-        value = self.raw.get("cniVersion", "")
-        return value if isinstance(value, str) else ""
+        return self._field("cniVersion") or ""
 
     @property
     def capabilities(self) -> tuple[str, ...]:
-        """Enabled capability names, in file order (only ``true`` entries count)."""
-        caps = self.raw.get("capabilities")
+        """Enabled capability names, in file order (only ``true`` entries count; a Go map: exact keys)."""
+        caps = self._field("capabilities")
         if not isinstance(caps, Mapping):
             return ()
         return tuple(k for k, v in caps.items() if v is True)
 
     @property
     def bytes(self) -> bytes:
-        return _json.dumps_compact(self.raw).encode()
+        return self.data or _json.dumps_compact(self.raw).encode()
 
 
 @attrs.frozen
@@ -126,20 +136,72 @@ def _bool_field(raw: Mapping[str, Any], key: str, source: str | None) -> bool:
     raise ConfigError(f"error parsing configuration list: invalid type for {key}", path=source)
 
 
-def _plugin(raw: dict[str, Any], source: str | None) -> NetworkConfig:
-    plugin_type = raw.get("type")
-    if plugin_type is None or plugin_type == "":
+# The Go structs a plugin config is decoded into (libcni's pkg/types): field -> Go type.
+_STRUCTS: dict[str, dict[str, str]] = {
+    "PluginConf": {
+        "cniVersion": "string",
+        "name": "string",
+        "type": "string",
+        "capabilities": "map[string]bool",
+        "ipam": "types.IPAM",
+        "dns": "types.DNS",
+        "prevResult": "map[string]interface {}",
+        "cni.dev/valid-attachments": "[]types.GCAttachment",
+    },
+    "types.IPAM": {"type": "string"},
+    "types.DNS": {"nameservers": "[]string", "domain": "string", "search": "[]string", "options": "[]string"},
+    "types.GCAttachment": {"containerID": "string", "ifname": "string"},
+}
+_FIELDS = {name: _json.GoFields(*fields) for name, fields in _STRUCTS.items()}
+_PLUGIN_CONF = _FIELDS["PluginConf"]
+
+
+class _Mismatch(Exception):
+    def __init__(self, value: Any, field: str, go_type: str) -> None:
+        super().__init__(
+            f"json: cannot unmarshal {_json.go_kind(value)} into Go struct field {field} of type {go_type}"
+        )
+
+
+def _check(value: Any, go_type: str, field: str) -> None:
+    """Raise :class:`_Mismatch` where Go's decoder reports a type error (``null`` never is one)."""
+    if value is None:
+        return
+    if go_type.startswith("[]"):
+        if not isinstance(value, list):
+            raise _Mismatch(value, field, go_type)
+        for item in value:
+            _check(item, go_type[2:], field)
+    elif go_type in _STRUCTS or go_type.startswith("map["):
+        if not isinstance(value, dict):
+            raise _Mismatch(value, field, go_type)
+        if go_type in _STRUCTS:
+            types = _STRUCTS[go_type]
+            for name, item in _FIELDS[go_type].pairs(value):
+                _check(item, types[name], f"{field}.{name}")
+        elif go_type == "map[string]bool":
+            for item in value.values():
+                _check(item, "bool", field)
+    elif not isinstance(value, str if go_type == "string" else bool):
+        raise _Mismatch(value, field, go_type)
+
+
+def _plugin(raw: dict[str, Any], source: str | None, data: bytes = b"") -> NetworkConfig:
+    """libcni's ``NetworkPluginConfFromBytes``: decode into ``types.PluginConf``, require a type."""
+    try:
+        _check(raw, "PluginConf", "PluginConf")
+    except _Mismatch as e:
+        raise ConfigError(f"error parsing configuration: {e}", path=source) from None
+    conf = NetworkConfig(raw=raw, source=source or "", data=data)
+    if not conf.type:
         raise ConfigError("error parsing configuration: missing 'type'", path=source)
-    if not isinstance(plugin_type, str):
-        raise ConfigError("error parsing configuration: invalid 'type' type", path=source)
-    if "/" in plugin_type or "\\" in plugin_type or "\x00" in plugin_type:
-        raise ConfigError(f"error parsing configuration: invalid plugin type {plugin_type!r}", path=source)
-    return NetworkConfig(raw=raw, source=source or "")
+    return conf
 
 
 def conf_from_bytes(data: bytes | str, source: str | None = None) -> NetworkConfig:
-    """Parse one plugin configuration (a ``.conf``); it must name its ``type``."""
-    return _plugin(_decode(data, "configuration", source), source)
+    """Parse one plugin configuration (a ``.conf``); it must name its ``type``. Its bytes are kept."""
+    raw = _decode(data, "configuration", source)
+    return _plugin(raw, source, data.encode() if isinstance(data, str) else bytes(data))
 
 
 def conf_from_file(path: str) -> NetworkConfig:
@@ -148,7 +210,7 @@ def conf_from_file(path: str) -> NetworkConfig:
 
 def conflist_from_conf(conf: NetworkConfig) -> NetworkConfigList:
     """Up-convert a single plugin config: ``{"name", "cniVersion", "plugins": [conf]}``."""
-    listing = {"name": conf.raw.get("name", ""), "cniVersion": conf.raw.get("cniVersion", ""), "plugins": [conf.raw]}
+    listing = {"name": conf.name, "cniVersion": conf.cni_version, "plugins": [conf.raw]}
     return conflist_from_bytes(_json.dumps_compact(listing).encode(), source=conf.source or None, drop_ins=False)
 
 
@@ -185,9 +247,9 @@ def conflist_from_bytes(data: bytes | str, source: str | None = None, *, drop_in
     elif inlined_only:
         raise ConfigError("`loadOnlyInlinedPlugins` is true, and no 'plugins' key", path=source)
 
-    if drop_ins and not inlined_only and source and name:
-        if not NAME_PATTERN.fullmatch(name):
-            raise ConfigError("invalid characters found in network name", name, path=source)
+    # libcni joins the name to the directory unchecked; a name that is not one path component
+    # cannot be used anyway (it fails validation on use), so it gets no drop-ins here.
+    if drop_ins and not inlined_only and source and name and _one_component(name):
         plugins.extend(_drop_ins(os.path.join(os.path.dirname(source), name)))
     if not plugins:
         raise ConfigError("no plugin configs found", path=source)
@@ -202,6 +264,10 @@ def conflist_from_bytes(data: bytes | str, source: str | None = None, *, drop_in
         bytes=data.encode() if isinstance(data, str) else bytes(data),
         source=source or "",
     )
+
+
+def _one_component(name: str) -> bool:
+    return "/" not in name and "\x00" not in name and name not in (".", "..")
 
 
 def _drop_ins(directory: str) -> list[NetworkConfig]:
@@ -229,12 +295,17 @@ def conf_files(directory: str, extensions: Iterable[str]) -> list[str]:
         return []
     except OSError as e:
         raise ConfigError(f"error reading config dir {directory}: {e.strerror}", path=directory, code=5) from None
-    return [e.path for e in entries if not e.is_dir(follow_symlinks=False) and os.path.splitext(e.name)[1] in exts]
+    return [e.path for e in entries if not e.is_dir(follow_symlinks=False) and _ext(e.name) in exts]
+
+
+def _ext(name: str) -> str:
+    """Go's ``filepath.Ext``: from the last dot, so ``.conf`` itself has the extension ``.conf``."""
+    dot = name.rfind(".")
+    return name[dot:] if dot >= 0 else ""
 
 
 def load_conf(directory: str, name: str) -> NetworkConfig:
     """The first single-plugin config (``.conf``/``.json``, lexical order) named ``name``."""
-    validate_network_name(name)
     files = conf_files(directory, CONF_EXTS)
     if not files:
         raise NoConfigsFoundError(f"no net configurations found in {directory}", path=directory)
@@ -250,7 +321,6 @@ def load_conflist(directory: str, name: str) -> NetworkConfigList:
 
     As in libcni, a file that fails to parse aborts the search even if it is another network's.
     """
-    validate_network_name(name)
     lists = conf_files(directory, CONFLIST_EXTS)
     for path in lists:
         conflist = conflist_from_file(path)

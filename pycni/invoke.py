@@ -23,7 +23,7 @@ import attrs
 
 from . import _json
 from .errors import CNIError, PluginError, PluginNotFoundError, PluginTimeoutError, ResultError
-from .plugin import PluginRequest
+from .plugin import PARENT_PID_ENV, PluginRequest
 
 __all__ = [
     "find_plugin",
@@ -188,7 +188,7 @@ def _spawn(executable: str, env: Mapping[str, str], deadline: float | None) -> s
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=dict(env),
+                env={**env, PARENT_PID_ENV: str(os.getpid())},
                 close_fds=True,
                 pass_fds=getattr(_inherit, "fds", ()),
                 start_new_session=True,

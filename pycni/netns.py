@@ -47,13 +47,23 @@ def _setns(fd: int, what: str) -> None:
 
 
 def open_netns(path: str | int) -> int:
-    """Open ``path`` read-only (never creating it); an int is duplicated. Caller closes."""
-    if isinstance(path, int):
-        return os.dup(path)
+    """Open ``path`` (never creating it; an int is duplicated) and check that it is a network
+    namespace; the caller closes the fd. Opened non-blocking: a FIFO planted as the netns path
+    would otherwise block the open forever (with the container's lock held). Anything but a
+    network namespace, such as the empty file a namespace was bind-mounted on before a reboot,
+    is ``EINVAL``."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.dup(path) if isinstance(path, int) else os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
         raise NetnsError(e.errno, f"failed to open netns {path!r}: {e.strerror}") from None
+    try:
+        kind = fcntl.ioctl(fd, _NS_GET_NSTYPE)
+    except OSError:  # not an nsfs file
+        kind = None
+    if kind != CLONE_NEWNET:
+        os.close(fd)
+        raise NetnsError(errno.EINVAL, f"failed to open netns {path!r}: not a network namespace")
+    return fd
 
 
 def is_netns(path: str) -> bool:
@@ -62,15 +72,10 @@ def is_netns(path: str) -> bool:
     if not path:
         return False
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+        os.close(open_netns(path))
+    except NetnsError:
         return False
-    try:
-        return fcntl.ioctl(fd, _NS_GET_NSTYPE) == CLONE_NEWNET
-    except OSError:  # not an nsfs file
-        return False
-    finally:
-        os.close(fd)
+    return True
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Any
@@ -29,10 +30,54 @@ __all__ = [
     "builtin_plugins",
     "builtin_plugin",
     "delegate",
+    "validate_container_id",
+    "validate_ifname",
+    "validate_attachment_key",
+    "PARENT_PID_ENV",
 ]
 
 COMMANDS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")
 ENTRY_POINT_GROUP = "pycni.plugins"
+#: Set by pycni for every plugin it execs: the PID of the process that exec'd it, so an installed
+#: pycni plugin can tell at start-up that its runtime died before it got going.
+PARENT_PID_ENV = "PYCNI_PARENT_PID"
+_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+_NAME_MAX = 255  # bytes in one file name (ext4, tmpfs, xfs, btrfs)
+
+
+def validate_container_id(container_id: str) -> None:
+    """libcni's rule (missing: code 3; anything but ``[A-Za-z0-9][A-Za-z0-9_.-]*``: code 4)."""
+    if not container_id:
+        raise InvalidArgumentError("missing containerID", code=ErrorCode.UNKNOWN_CONTAINER)
+    if not _ID_PATTERN.fullmatch(container_id):
+        raise InvalidArgumentError("invalid characters in containerID", container_id)
+
+
+def validate_ifname(ifname: str) -> None:
+    """Linux interface name rules (IFNAMSIZ): 1..15 bytes, not ``.``/``..``, no ``/ :`` or spaces."""
+    if not ifname:
+        raise InvalidArgumentError("interface name is empty")
+    if len(ifname.encode("utf-8", "surrogatepass")) > 15:
+        raise InvalidArgumentError("interface name is too long", "interface name should be less than 16 characters")
+    if ifname in (".", ".."):
+        raise InvalidArgumentError("interface name is . or ..")
+    if any(c in "/:" or c.isspace() or c == "\x00" for c in ifname):
+        raise InvalidArgumentError("interface name contains / or : or whitespace characters")
+
+
+def validate_attachment_key(network: str, container_id: str, ifname: str) -> None:
+    """Container ID and ifname valid, and ``<network>-<containerID>-<ifname>`` (the cache file
+    name; the longest name derived from an attachment) fits in one file name: otherwise an ADD
+    would fail at its cache write after the plugins have run, and an ID too long for a file name
+    is too long for every record keyed by it. Code 4, before anything changes."""
+    validate_container_id(container_id)
+    validate_ifname(ifname)
+    if len(f"{network}-{container_id}-{ifname}".encode()) > _NAME_MAX:
+        raise InvalidArgumentError(
+            "containerID is too long",
+            f"<network>-<containerID>-<ifname> must fit in {_NAME_MAX} bytes (a file name); "
+            f"the containerID has {len(container_id)}",
+        )
 
 
 def parse_cni_args(text: str) -> list[tuple[str, str]]:
@@ -95,22 +140,22 @@ class PluginRequest:
 
     @property
     def cni_version(self) -> str:
-        value = self.config.get("cniVersion", "")
+        value = _json.go_field(self.config, "cniVersion")
         return value if isinstance(value, str) else ""
 
     @property
     def network_name(self) -> str:
-        value = self.config.get("name", "")
+        value = _json.go_field(self.config, "name")
         return value if isinstance(value, str) else ""
 
     @property
     def prev_result(self) -> Mapping[str, Any] | None:
-        value = self.config.get("prevResult")
+        value = _json.go_field(self.config, "prevResult")
         return value if isinstance(value, Mapping) else None
 
     @property
     def runtime_config(self) -> Mapping[str, Any]:
-        value = self.config.get("runtimeConfig")
+        value = _json.go_field(self.config, "runtimeConfig")
         return value if isinstance(value, Mapping) else {}
 
     def load_args(self, *known: str) -> dict[str, str]:

@@ -8,7 +8,6 @@ GC adds the valid attachments under both the spec key and libcni's legacy key.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -16,7 +15,7 @@ import attrs
 
 from .config import NetworkConfig
 from .errors import InvalidArgumentError
-from .plugin import PluginRequest
+from .plugin import PluginRequest, validate_attachment_key, validate_container_id, validate_ifname
 
 __all__ = [
     "RuntimeConf",
@@ -25,6 +24,7 @@ __all__ = [
     "build_request",
     "validate_container_id",
     "validate_ifname",
+    "validate_attachment_key",
     "format_cni_args",
     "VALID_ATTACHMENTS_KEY",
     "LEGACY_ATTACHMENTS_KEY",
@@ -32,7 +32,6 @@ __all__ = [
 
 VALID_ATTACHMENTS_KEY = "cni.dev/valid-attachments"
 LEGACY_ATTACHMENTS_KEY = "cni.dev/attachments"
-_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
 @attrs.frozen
@@ -59,25 +58,6 @@ class Attachment:
 
     def to_json(self) -> dict[str, str]:
         return {"containerID": self.container_id, "ifname": self.ifname}
-
-
-def validate_container_id(container_id: str) -> None:
-    if not container_id:
-        raise InvalidArgumentError("missing containerID", code=3)
-    if not _ID_PATTERN.fullmatch(container_id):
-        raise InvalidArgumentError("invalid characters in containerID", container_id)
-
-
-def validate_ifname(ifname: str) -> None:
-    """Linux interface name rules (IFNAMSIZ): 1..15 bytes, not ``.``/``..``, no ``/ :`` or spaces."""
-    if not ifname:
-        raise InvalidArgumentError("interface name is empty")
-    if len(ifname.encode("utf-8", "surrogatepass")) > 15:
-        raise InvalidArgumentError("interface name is too long", "interface name should be less than 16 characters")
-    if ifname in (".", ".."):
-        raise InvalidArgumentError("interface name is . or ..")
-    if any(c in "/:" or c.isspace() or c == "\x00" for c in ifname):
-        raise InvalidArgumentError("interface name contains / or : or whitespace characters")
 
 
 def format_cni_args(args: Iterable[Sequence[str]]) -> str:

@@ -17,7 +17,7 @@ import attrs
 
 from . import netns as _netns
 from . import version as _version
-from .backends import Backend, select_backend
+from .backends import Backend, select_backend, validate_timeout
 from .cache import DEFAULT_CACHE_DIR, CachedAttachment, ResultsCache
 from .config import NetworkConfig, NetworkConfigList, conflist_from_conf, validate_network_name
 from .errors import CacheError, CNIError, MultiError, ResultError, VersionError
@@ -28,8 +28,8 @@ from .request import (
     RuntimeConf,
     build_config,
     build_request,
+    validate_attachment_key,
     validate_container_id,
-    validate_ifname,
 )
 from .types import AnyResult, convert, parse_result
 
@@ -88,6 +88,7 @@ class Runtime:
         host_netns: str | None = None,
         strip_capabilities: bool = False,
     ) -> None:
+        validate_timeout(timeout)
         if path is None:
             env_path = os.environ.get("CNI_PATH")
             path = env_path.split(":") if env_path else DEFAULT_PLUGIN_PATH
@@ -172,7 +173,7 @@ class Runtime:
                 self.backend.find(plugin.type, self.path)
                 validate_container_id(rt.container_id)
                 validate_network_name(net.name)
-                validate_ifname(rt.ifname)
+                validate_attachment_key(net.name, rt.container_id, rt.ifname)
                 if self.backend.is_builtin(plugin.type):
                     config = self._config(net, plugin, capability_args=rt.capability_args)
                     self.backend.validate(plugin.type, build_request("ADD", config, rt, self.path))
@@ -224,7 +225,7 @@ class Runtime:
         entry = self.cache.read(net.name, rt.container_id, rt.ifname)
         if entry is None or entry.result is None:
             return None
-        result = parse_result(entry.result, config_version=net.cni_version)
+        result = parse_result(entry.result)  # libcni's CreateFromBytes: the cached result's own version
         try:
             return convert(result, net.cni_version)
         except ResultError as e:
@@ -288,6 +289,7 @@ class Runtime:
         stops DEL and keeps the cache for a retry; with ``best_effort`` every plugin still runs
         and all failures are raised together (:class:`~pycni.errors.MultiError`).
         """
+        validate_attachment_key(net.name, rt.container_id, rt.ifname)
         with self._locked(net.name, rt.container_id):
             self._delete_locked(net, rt, best_effort=best_effort)
 
@@ -317,6 +319,7 @@ class Runtime:
             raise VersionError(f'configuration version "{net.cni_version}" does not support the CHECK command')
         if net.disable_check:
             return
+        validate_attachment_key(net.name, rt.container_id, rt.ifname)
         with self._locked(net.name, rt.container_id):
             try:
                 cached = self._cached_result(net, rt)

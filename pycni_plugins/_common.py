@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from pycni import netns
-from pycni._json import go_kind
+from pycni._json import go_field, go_kind
 from pycni.errors import CNIError, ErrorCode
 from pycni.plugin import PluginRequest
 from pycni.types import Result, convert, parse_result
@@ -70,7 +70,7 @@ class Fields:
         return fail(f"{self.prefix}: {msg}")
 
     def _typed(self, key: str, types: tuple[type, ...], go: str, default: Any, source: Mapping[str, Any] | None) -> Any:
-        value = (self.config if source is None else source).get(key)
+        value = go_field(self.config if source is None else source, key)
         if value is None:
             return default
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
@@ -128,9 +128,9 @@ def valid_attachments(request: PluginRequest) -> set[tuple[str, str]]:
     """GC's ``cni.dev/valid-attachments`` (or the older ``cni.dev/attachments``) as
     ``{(containerID, ifname)}``. Absent or null means none is valid, as for the Go plugins
     (cnitool's GC after it has DEL'd every cached attachment)."""
-    listed = request.config.get("cni.dev/valid-attachments")
+    listed = go_field(request.config, "cni.dev/valid-attachments")
     if listed is None:
-        listed = request.config.get("cni.dev/attachments")
+        listed = go_field(request.config, "cni.dev/attachments")
     if listed is None:
         return set()
     if not isinstance(listed, list):

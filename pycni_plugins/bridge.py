@@ -44,6 +44,7 @@ from typing import Any
 import attrs
 
 from pycni import netns
+from pycni._json import go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
 from pycni.invoke import find_plugin
@@ -140,7 +141,7 @@ def load_config(request: PluginRequest) -> BridgeConfig:
     disable = f.flag("disableContainerInterface")
     if ipam_type and disable:
         raise fail("cannot use IPAM when DisableContainerInterface flag is set")
-    dns_obj = request.config.get("dns")
+    dns_obj = go_field(request.config, "dns")
     dns = DNS.from_json(dns_obj) if isinstance(dns_obj, Mapping) else None
     mac = request.load_args("MAC").get("MAC", "")
     cni_args = f.mapping("cni", source=f.mapping("args"))

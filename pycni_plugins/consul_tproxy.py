@@ -179,7 +179,8 @@ _FIELDS = (
     ("NetNS", "netns", "string"),
     ("IptablesProvider", "", "iptables.Provider"),
 )
-_BY_KEY = {go.lower(): (go, attr, kind) for go, attr, kind in _FIELDS}
+_CONFIG_FIELDS = _json.GoFields(*(go for go, _, _ in _FIELDS))
+_BY_NAME = {go: (go, attr, kind) for go, attr, kind in _FIELDS}
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
@@ -235,11 +236,10 @@ def decode_config(text: str) -> TproxyConfig:
         raise fail(f"could not unmarshal CNI args: {problem}")
     values: dict[str, Any] = {}
     first: str | None = None
-    for key, value in raw.items():
-        field = _BY_KEY.get(key.lower())
-        if field is None or value is None:  # unknown keys are ignored, null leaves the zero value
+    for name, value in _CONFIG_FIELDS.pairs(raw):
+        if value is None:  # unknown keys are ignored, null leaves the zero value
             continue
-        go, attr, kind = field
+        go, attr, kind = _BY_NAME[name]
         try:
             values[attr] = _decode_field(value, kind)
         except _Mismatch as e:
@@ -588,7 +588,7 @@ def _check_conf(config: Mapping[str, Any]) -> None:
         ("runtime_config", dict, "struct {}"),
     )
     for key, typ, go in checks:
-        value = config.get(key)
+        value = _json.go_field(config, key)
         if value is None or (isinstance(value, typ) and (typ is bool or not isinstance(value, bool))):
             continue
         raise fail(

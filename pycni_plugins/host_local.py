@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 
 from pycni import version as _version
-from pycni._json import go_kind
+from pycni._json import GoFields, go_kind
 from pycni.errors import CNIError, ConfigError, ErrorCode
 from pycni.failpoints import failpoint
 from pycni.plugin import Plugin, PluginRequest
@@ -45,7 +45,6 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _LAST_RESERVED = "last_reserved_ip."
 _LOCK = "lock"
-_MAX_LEASE = 4096  # larger files cannot be a lease: skip them instead of reading them whole
 _V4_MAPPED = bytes(10) + b"\xff\xff"
 _ROUTE_INTS = ("mtu", "advmss", "priority", "table", "scope")
 _OMIT_ZERO = frozenset({"mtu", "advmss", "priority"})  # Go's plain-int omitempty fields; table/scope are *int
@@ -211,14 +210,8 @@ class _RawRange:
 
 
 def _fields(obj: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """Pick ``names`` from a JSON object, matching keys case-insensitively as Go's decoder does."""
-    wanted = {name.lower(): name for name in names}
-    out: dict[str, Any] = {}
-    for key, value in obj.items():
-        name = wanted.get(key.lower())
-        if name is not None:
-            out[name] = value
-    return out
+    """Pick ``names`` from a JSON object, matching keys as Go's decoder does."""
+    return dict(GoFields(*names).pick(obj))
 
 
 def _object(value: Any, field: str, go_type: str) -> Mapping[str, Any]:
@@ -517,7 +510,7 @@ class _Leases:
 
     ``content``/``holders`` change only with ``lock`` held, which callers take while holding the
     directory's flock; ``dirty``/``rescan``/``alive`` belong to the watcher (its mutex).
-    One entry per lease file; contents are at most ``_MAX_LEASE`` bytes.
+    One entry per lease file.
     """
 
     def __init__(self, key: tuple[int, int], wd: int) -> None:
@@ -790,19 +783,25 @@ class _Store:
             self._leases = None
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    def _read(self, name: str, limit: int) -> bytes | None:
-        """The file's bytes, or None when it is unreadable or larger than ``limit`` (not ours)."""
+    def _read(self, name: str, limit: int | None = None) -> bytes | None:
+        """The file's bytes (whole, or None when larger than ``limit``); None when unreadable.
+
+        A lease is read whole: a cap would make a long owner unrecognisable, so its DEL would
+        "succeed" without releasing it."""
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=self.fd)
         except OSError:
             return None
         try:
-            data = os.read(fd, limit + 1)
+            if limit is not None:
+                data = os.read(fd, limit + 1)
+                return data if len(data) <= limit else None
+            with os.fdopen(os.dup(fd), "rb") as f:
+                return f.read()
         except OSError:
             return None
         finally:
             os.close(fd)
-        return data if len(data) <= limit else None
 
     def _write(self, name: str, data: bytes, flags: int) -> None:
         """Write a file in the directory; ``FileExistsError`` (O_EXCL) passes through, other failures are CNI errors."""
@@ -839,7 +838,7 @@ class _Store:
         return _parse_ip(data.decode("ascii", "replace")) if data else None
 
     def lease(self, name: str) -> bytes | None:
-        """Lease file ``name``'s trimmed content; None if it is missing, not a regular file, unreadable or too big."""
+        """Lease file ``name``'s trimmed content; None if it is missing, not a regular file or unreadable."""
         if _is_state_file(name):
             return None
         try:
@@ -848,7 +847,7 @@ class _Store:
             return None
         if not stat.S_ISREG(st.st_mode):
             return None
-        data = self._read(name, _MAX_LEASE)
+        data = self._read(name)
         return None if data is None else data.strip()
 
     def lease_files(self) -> Iterator[tuple[str, bytes]]:
@@ -862,7 +861,7 @@ class _Store:
                 name = entry.name
                 if _is_state_file(name) or not entry.is_file(follow_symlinks=False):
                     continue
-                data = self._read(name, _MAX_LEASE)
+                data = self._read(name)
                 if data is not None:
                     yield name, data.strip()
 

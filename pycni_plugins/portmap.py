@@ -34,6 +34,7 @@ from typing import Any
 
 import attrs
 
+from pycni._json import go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
 from pycni.plugin import Plugin, PluginRequest
@@ -62,16 +63,13 @@ class PortMapping:
 
 
 def _field(entry: Mapping[str, Any], name: str) -> Any:
-    """Go's case-insensitive JSON field matching (``hostPort`` and ``HostPort`` both work)."""
-    if name in entry:
-        return entry[name]
-    low = name.lower()
-    return next((v for k, v in entry.items() if isinstance(k, str) and k.lower() == low), None)
+    """Go's JSON field matching (``hostPort`` and ``HostPort`` both work)."""
+    return go_field(entry, name)
 
 
 def parse_mappings(config: Mapping[str, Any]) -> list[PortMapping]:
-    runtime = config.get("runtimeConfig")
-    entries = runtime.get("portMappings") if isinstance(runtime, Mapping) else None
+    runtime = _field(config, "runtimeConfig")
+    entries = _field(runtime, "portMappings") if isinstance(runtime, Mapping) else None
     if not entries:
         return []
     if not isinstance(entries, list):
@@ -112,14 +110,14 @@ def _check_options(request: PluginRequest) -> tuple[bool, bool]:
     f = Fields(request.config, "failed to parse config")
     snat = f.flag("snat", default=True)
     masq_all = f.flag("masqAll")
-    bit = request.config.get("markMasqBit")
+    bit = _field(request.config, "markMasqBit")
     external = f.string("externalSetMarkChain")
     if bit is not None and external:
         raise fail("Cannot specify externalSetMarkChain and markMasqBit")
     if bit is not None and (not isinstance(bit, int) or isinstance(bit, bool) or not 0 <= bit <= 31):
         raise fail("MasqMarkBit must be between 0 and 31")
     for key in ("externalSetMarkChain", "conditionsV4", "conditionsV6"):
-        if request.config.get(key):
+        if _field(request.config, key):
             raise CNIError(f"{key} is not supported by pycni's nftables portmap", code=ErrorCode.UNSUPPORTED_FIELD)
     return snat, masq_all
 

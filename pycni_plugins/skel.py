@@ -13,9 +13,10 @@ uses, so both paths are one code path inside the plugin. Output as Go's skel pri
   as ``CNI_NETNS`` is refused before anything changes (:meth:`pycni.plugin.Plugin.handle`).
 
 GC prints nothing on success (a built-in plugin's report of what it collected is for the
-in-process runtime only). An installed plugin dies with the process that exec'd it
-(within 20 ms): a runtime killed mid-ADD must not leave its plugin running on, racing the DEL
-that recovers from the crash.
+in-process runtime only). An installed plugin dies with the process that exec'd it (at once
+under pycni, within 20 ms under another runtime), and one whose runtime died while it was
+starting stops before changing anything: a runtime killed mid-ADD must not leave its plugin
+running on, racing the DEL that recovers from the crash.
 
 Usage: ``python -m pycni_plugins.skel <type>`` or :func:`main` from a generated script
 (:mod:`.install`).
@@ -31,9 +32,17 @@ import sys
 from collections.abc import Mapping
 from typing import Any, NoReturn, TextIO
 
-from pycni._json import go_escape
+from pycni import _json
+from pycni._json import go_escape, go_field
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import Plugin, PluginRequest, builtin_plugin
+from pycni.plugin import (
+    PARENT_PID_ENV,
+    Plugin,
+    PluginRequest,
+    builtin_plugin,
+    validate_attachment_key,
+    validate_container_id,
+)
 
 __all__ = ["run", "main"]
 
@@ -55,24 +64,6 @@ def _dump(obj: Any, *, sort: bool) -> str:
     return go_escape(json.dumps(obj, indent=4, sort_keys=sort, ensure_ascii=False))
 
 
-def _validate_ifname(name: str) -> None:
-    if not name:
-        raise _error("interface name is empty", ErrorCode.INVALID_ENVIRONMENT_VARIABLES)
-    if len(name) > 15:
-        raise _error(
-            "interface name is too long",
-            ErrorCode.INVALID_ENVIRONMENT_VARIABLES,
-            "interface name should be less than 16 characters",
-        )
-    if name in (".", ".."):
-        raise _error("interface name is . or ..", ErrorCode.INVALID_ENVIRONMENT_VARIABLES)
-    for c in name:
-        if c in "/:" or c.isspace():
-            raise _error(
-                "interface name contains / or : or whitespace characters", ErrorCode.INVALID_ENVIRONMENT_VARIABLES
-            )
-
-
 def _request(env: Mapping[str, str], stdin: bytes) -> PluginRequest:
     command = env.get("CNI_COMMAND", "")
     missing = [name for name, cmds in _REQUIRED if (command in cmds or name == "CNI_COMMAND") and not env.get(name)]
@@ -81,23 +72,20 @@ def _request(env: Mapping[str, str], stdin: bytes) -> PluginRequest:
     config: Any = {}
     if command != "VERSION":
         try:
-            config = json.loads(stdin or b"null")
-        except (ValueError, UnicodeDecodeError) as e:
+            config = _json.loads(stdin)
+        except _json.JSONDecodeFailure as e:
             raise _error(f"error unmarshall network config: {e}", ErrorCode.DECODING_FAILURE) from None
         if not isinstance(config, dict):
             raise _error("error unmarshall network config: not a JSON object", ErrorCode.DECODING_FAILURE)
         if command in ("ADD", "CHECK", "DEL"):
             cid = env.get("CNI_CONTAINERID", "")
-            if not cid:
-                raise _error("missing containerID", ErrorCode.UNKNOWN_CONTAINER)
-            if not _NAME.fullmatch(cid):
-                raise _error("invalid characters in containerID", ErrorCode.INVALID_ENVIRONMENT_VARIABLES, cid)
-            name = config.get("name")
+            validate_container_id(cid)
+            name = go_field(config, "name")
             if not isinstance(name, str) or not name:
                 raise _error("missing network name", ErrorCode.INVALID_NETWORK_CONFIG)
             if not _NAME.fullmatch(name):
                 raise _error("invalid characters found in network name", ErrorCode.INVALID_NETWORK_CONFIG, name)
-            _validate_ifname(env.get("CNI_IFNAME", ""))
+            validate_attachment_key(name, cid, env.get("CNI_IFNAME", ""))
     path = tuple(p for p in env.get("CNI_PATH", "").split(":") if p)
     return PluginRequest(
         command=command,
@@ -133,20 +121,53 @@ def _load(target: str) -> Plugin:
     return getattr(importlib.import_module(module), name)()
 
 
+_PR_SET_PDEATHSIG = 1
 _WATCH_PARENT = 0.02
 
 
-def _die_with_parent() -> None:
-    """SIGKILL this process soon after the process that exec'd it dies.
+def _parent_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
-    A watcher thread compares the parent PID every 20 ms (``PR_SET_PDEATHSIG`` would need
-    ctypes, whose import costs more than the thread).
+
+def _orphaned() -> NoReturn:
+    sys.stderr.write("pycni plugin: the process that exec'd it is gone; stopping before changing anything\n")
+    os._exit(1)
+
+
+def _die_with_parent() -> None:
+    """Die with the process that exec'd this one, and stop now if it is already gone.
+
+    A runtime killed while this interpreter was starting has already left it to init or a
+    subreaper, so the parent must be neither PID 1 nor, when pycni exec'd it, anything but the
+    PID pycni passed (``PYCNI_PARENT_PID``) unless that process still lives (a foreign plugin in
+    between, e.g. a Go bridge delegating to this IPAM plugin with its environment). Nothing has
+    been changed yet, so stopping here leaves nothing a DEL could not clean.
+
+    From then on: under pycni, whose calling thread waits for the plugin, the kernel kills it
+    with that thread (``PR_SET_PDEATHSIG``, ~2 ms for ``ctypes``, which plugins that enter a
+    namespace import anyway). The signal follows the forking *thread*, which a foreign runtime
+    (Go) may end while its child runs, so under any other parent a watcher thread compares the
+    parent PID every 20 ms instead.
     """
     import signal
-    import threading
-    import time
 
     parent = os.getppid()
+    expected = os.environ.get(PARENT_PID_ENV, "")
+    if expected == str(parent):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # died before the prctl took effect
+            _orphaned()
+        return
+    if parent == 1 or (expected.isdigit() and not _parent_alive(int(expected))):
+        _orphaned()
+    import threading
+    import time
 
     def watch() -> None:
         while True:

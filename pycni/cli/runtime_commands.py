@@ -47,6 +47,15 @@ def embedded_network() -> bytes:
     return bridge_conflist(BridgeConfig().with_defaults())
 
 
+def _timeout_option(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    from ..backends import validate_timeout
+
+    try:
+        return validate_timeout(value)
+    except InvalidArgumentError as e:
+        raise click.BadParameter(e.msg) from None
+
+
 def _runtime(opts: dict[str, Any]):
     from ..runtime import Runtime
 
@@ -109,6 +118,7 @@ def _common(fn):
         click.option(
             "--timeout",
             type=float,
+            callback=_timeout_option,
             envvar="PYCNI_TIMEOUT",
             default=None,
             help="Seconds per exec'd plugin call [$PYCNI_TIMEOUT].",

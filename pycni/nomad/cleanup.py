@@ -12,8 +12,11 @@ The network name is a parameter (Nomad hard-codes "nomad": issue #16455). A rule
 when it jumps to one of its chains, or when it carries its comment (``name: "<net>" id: "<id>"``)
 and jumps to a ``CNI-<hex>`` chain: iptables-nft 1.8 keeps ``-m comment`` as an opaque xt match
 that nft JSON does not show, so the chain name, which the plugins derive from the same pair, is
-the reliable key; a visible comment naming another owner vetoes the match. Everything found in
-both families is deleted by handle, chains flushed and deleted, in one nftables transaction.
+the reliable key; a visible comment naming another owner vetoes the match. What a family holds
+is deleted by handle, chains flushed and deleted, in one nftables transaction per family: as in
+Nomad, IPv6 is best effort (its failure is logged and does not stop IPv4), IPv4 failures are the
+result. Alloc ids are UUIDs; Nomad's rule regex takes only hex digits and dashes there, so any
+other id is refused rather than matched loosely.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ FAMILIES = ("ip6", "ip")  # Nomad: IPv6 best effort first, then IPv4
 TABLE = "nat"
 _CNI_CHAIN = re.compile(r"CNI-[0-9A-Fa-f]+")
 _DNAT_CHAIN = re.compile(r"CNI-DN-[0-9A-Fa-f]+")
+_ALLOC_ID = re.compile(r"[0-9A-Fa-f-]+")  # Nomad's ipRuleRe: id: \"([[:xdigit:]-]+)\"
 _MAX_COMMENT = 255
 
 OwnStateHook = Callable[[str, str], Iterable[str]]
@@ -207,34 +211,39 @@ def _plan(
 
 
 def remove_nat_leftovers(nat: NatTables, network: str, alloc_id: str) -> tuple[str, ...]:
-    """Part (a): delete the reference plugins' NAT rules and chains of the alloc in one transaction.
+    """Part (a): delete the reference plugins' NAT rules and chains of the alloc, each family in
+    its own transaction (IPv6 first, then IPv4, as Nomad).
 
-    An unreadable ``ip6 nat`` is skipped (best effort, as Nomad); an unreadable ``ip nat`` or a
-    failed transaction raises :class:`CleanupError` and leaves everything as it was.
+    Anything going wrong with ``ip6 nat`` (listing, an unparsable rule, the transaction) is logged
+    and skipped; the same in ``ip nat`` raises :class:`CleanupError` and leaves that family as it
+    was. A non-UUID ``alloc_id`` is refused before anything is read.
     """
-    commands: list[dict[str, Any]] = []
+    if not _ALLOC_ID.fullmatch(alloc_id):
+        raise CleanupError(f"failed to parse postrouting rule for alloc {alloc_id}: alloc ids are UUIDs")
     report: list[str] = []
     for family in FAMILIES:
         try:
-            objects = nat.list_nat(family)
+            report += _clean_family(nat, family, network, alloc_id)
         except CleanupError as e:
-            if family == "ip6":
-                log.debug("skipping ip6 nat cleanup: %s", e)
-                continue
-            raise
-        if objects is None:
-            continue
-        cmds, lines = _plan(family, objects, network, alloc_id)
-        commands += cmds
-        report += lines
-    if not commands:
+            if family != "ip6":
+                raise
+            log.warning("failed to cleanup ip6tables for alloc %s: %s", alloc_id, e)
+    if not report:
         log.info("iptables cleanup: did not find postrouting rule for alloc %s", alloc_id)
-        return ()
-    try:
-        nat.apply(commands)
-    except CleanupError as e:
-        raise CleanupError(f"failed to cleanup iptables rules for alloc {alloc_id}", str(e)) from None
     return tuple(report)
+
+
+def _clean_family(nat: NatTables, family: str, network: str, alloc_id: str) -> list[str]:
+    objects = nat.list_nat(family)
+    if objects is None:
+        return []
+    commands, report = _plan(family, objects, network, alloc_id)
+    if commands:
+        try:
+            nat.apply(commands)
+        except CleanupError as e:
+            raise CleanupError(f"failed to cleanup iptables rules for alloc {alloc_id}", str(e)) from None
+    return report
 
 
 def force_cleanup(

@@ -76,16 +76,6 @@ def _show(value: Any) -> str:
     return "an array" if isinstance(value, list) else "an object"
 
 
-def _field(obj: Mapping[str, Any], name: str) -> Any:
-    # Go matches an exact key or, failing that, a case-insensitive one; later keys overwrite.
-    found = None
-    folded = name.casefold()
-    for key, value in obj.items():
-        if key == name or (isinstance(key, str) and key.casefold() == folded):
-            found = value
-    return found
-
-
 def _object(value: Any, path: str) -> Mapping[str, Any]:
     if value is None:
         return {}
@@ -144,7 +134,7 @@ def _str_map(value: Any, path: str) -> dict[str, str]:
 
 
 def _get(obj: Mapping[str, Any], path: str, name: str, conv: Callable[[Any, str], T]) -> T:
-    return conv(_field(obj, name), f"{path}.{name}" if path else name)
+    return conv(_json.go_field(obj, name), f"{path}.{name}" if path else name)
 
 
 def _seq(items: tuple[T, ...] | None) -> tuple[T, ...]:

@@ -87,9 +87,10 @@ def _pick(result: GoCNIResult, require_sandbox: bool) -> AllocNetworkStatus | No
     return None
 
 
-def _nonempty(values: Iterable[str]) -> tuple[str, ...] | None:
-    # pycni's DNS model keeps absent lists as (); Go had nil there (plugins omit empty lists).
-    return tuple(values) or None
+def _slice(dns: DNS, field: str) -> tuple[str, ...] | None:
+    # Go copies the decoded slice: nil (null) when the result had no such array, else the array.
+    values = tuple(getattr(dns, field))
+    return values if values or field in dns.arrays else None
 
 
 def alloc_net_status(result: GoCNIResult) -> AllocNetworkStatus:
@@ -103,7 +104,7 @@ def alloc_net_status(result: GoCNIResult) -> AllocNetworkStatus:
         status = attrs.evolve(status, address=status.address_ipv6)
     if result.dns and result.dns[0].nameservers:
         first = result.dns[0]
-        dns = DNSConfig(tuple(first.nameservers), _nonempty(first.search), _nonempty(first.options))
+        dns = DNSConfig(tuple(first.nameservers), _slice(first, "search"), _slice(first, "options"))
         status = attrs.evolve(status, dns=dns)
     return status
 

@@ -6,8 +6,9 @@ Decoding mirrors Go's ``encoding/json`` as libcni uses it, so pycni accepts what
 - ``null`` or a missing key gives the zero value (``""``, ``0``, ``None``, ``()``);
 - no coercion: a string is never an int, a bool never a string, ``1.0`` is not an int;
 - ints are Go ``int`` (int64): negative values are accepted, as Go does;
-- unknown keys are ignored, and a key matches a field case-insensitively when no key matches
-  exactly (Go's field matching; only ASCII letters plus ``ſ``/``K`` fold);
+- unknown keys are ignored, and a key matches a field exactly or else case-insensitively
+  (Go's field matching, :class:`~pycni._json.GoFields`); a field reached by several keys is
+  decoded from each in turn, as Go does (see :func:`members`);
 - addresses and CIDRs follow ``net.ParseIP`` / ``net.ParseCIDR``: no leading zeros in IPv4
   octets, no IPv6 zones, leading zeros allowed in the prefix length, and an IPv4-mapped IPv6
   address *is* IPv4 (Go's ``To4()``), with prefix ``max(0, bits - 96)``.
@@ -30,7 +31,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .._json import kind
+from .._json import GoFields, Repeated, go_kind, kind, members_of
 from ..errors import ResultError
 
 IPAddress = IPv4Address | IPv6Address
@@ -43,7 +44,6 @@ MISSING: Any = object()
 
 _INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_FOLD_TABLE = {**{c: c + 32 for c in range(ord("A"), ord("Z") + 1)}, 0x17F: "s", 0x212A: "k"}
 _QUOTE_LIMIT = 80
 
 
@@ -85,36 +85,75 @@ def expected(what: str, value: Any) -> Invalid:
     return Invalid(f"expected {what}, got {kind(value)}")
 
 
-@attrs.frozen
 class ObjectKeys:
-    """The keys of one JSON object type: ``exact`` names and the Go case-folded fallback."""
+    """How Go decodes one JSON object type: its fields (:class:`~pycni._json.GoFields`), and
+    for a repeated key, which fields a type's own ``UnmarshalJSON`` replaces ``whole`` (IPs and
+    routes: their elements too) and which are pointers a later ``null`` resets (``nullable``)."""
 
-    exact: frozenset[str]
-    folded: dict[str, str]
+    __slots__ = ("fields", "whole", "nullable")
+
+    def __init__(self, fields: GoFields, whole: frozenset[str], nullable: frozenset[str]) -> None:
+        self.fields, self.whole, self.nullable = fields, whole, nullable
 
 
-def _fold(key: str) -> str:
-    return key.lower() if key.isascii() else key.translate(_FOLD_TABLE)
+def object_keys(
+    *names: str, ignored: str = "", whole: tuple[str, ...] = (), nullable: tuple[str, ...] = ()
+) -> ObjectKeys:
+    """``ignored`` is a field read elsewhere (``cniVersion``): matched, then left to its reader."""
+    return ObjectKeys(GoFields(*names, *((ignored,) if ignored else ())), frozenset(whole), frozenset(nullable))
 
 
-def object_keys(*names: str, ignored: str = "") -> ObjectKeys:
-    """``ignored`` is a key read elsewhere (``cniVersion``): matched exactly, never folded onto."""
-    exact = frozenset(names + ((ignored,) if ignored else ()))
-    return ObjectKeys(exact, {_fold(n): n for n in names})
+def _concat(old: dict[Any, Any], new: dict[Any, Any]) -> Repeated:
+    # Decoding two objects in turn into one Go struct (or map) is decoding their members in turn.
+    merged = Repeated({**old, **new})
+    merged.pairs = members_of(old) + members_of(new)
+    return merged
+
+
+def _clash(old: Any, new: Any) -> bool:
+    return old is not None and new is not None and go_kind(old) != go_kind(new)
+
+
+def _merge(old: Any, new: Any, name: str, keys: ObjectKeys) -> Any:
+    """The value Go's decoder is left with after decoding ``new`` over ``old`` in field ``name``.
+
+    A value that a later one replaces is checked for its JSON type only (Go would also report
+    a bad value inside it, which pycni never decodes).
+    """
+    if new is None:  # null resets slices and pointers; a struct, string or number keeps its value
+        return None if isinstance(old, list) or name in keys.nullable else old
+    if old is None:
+        return new
+    if _clash(old, new):
+        raise Invalid(f"repeated key with clashing types: {kind(old)}, then {kind(new)}").at(name)
+    if isinstance(new, dict):
+        return new if name in keys.whole else _concat(old, new)
+    if not isinstance(new, list):
+        return new
+    # A slice keeps its elements and decodes the new ones into them (its length is the new one's).
+    out = list(new)
+    for i, (was, item) in enumerate(zip(old, new)):
+        if _clash(was, item):
+            raise Invalid(f"repeated key with clashing types: {kind(was)}, then {kind(item)}").at(i).at(name)
+        if isinstance(was, dict) and isinstance(item, dict) and name not in keys.whole:
+            out[i] = _concat(was, item)
+    return out
 
 
 def members(value: Any, keys: ObjectKeys) -> dict[Any, Any]:
-    """``value`` as an object whose keys are the canonical names (fast path: already are)."""
+    """``value`` as an object whose keys are the canonical names (fast path: already are).
+
+    A field reached by several keys (a repeated key, or ``name`` then ``Name``) gets what Go's
+    decoder leaves there: scalars the last value, objects their members merged, arrays merged
+    element by element, and different JSON types an error (Go reports the one that is wrong).
+    """
     if not isinstance(value, dict):
         raise expected("an object", value)
-    if value.keys() <= keys.exact:
+    if type(value) is not Repeated and value.keys() <= keys.fields.names:
         return value
-    out = {}
-    for key, item in value.items():
-        if isinstance(key, str):
-            name = keys.folded.get(_fold(key))
-            if name is not None:
-                out[name] = item  # later keys win, as in Go
+    out: dict[str, Any] = {}
+    for name, item in keys.fields.pairs(value):
+        out[name] = _merge(out[name], item, name, keys) if name in out else item
     return out
 
 
@@ -243,6 +282,9 @@ class DNS:
     domain: str = ""
     search: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     options: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    arrays: frozenset[str] = attrs.field(default=frozenset(), eq=False, repr=False)
+    """The list fields the decoded JSON gave as arrays, even empty ones: Go's non-nil slices,
+    which consumers such as Nomad's status copy as ``[]`` rather than ``null``."""
 
     @classmethod
     def from_json(cls, obj: Any) -> DNS:
@@ -281,7 +323,8 @@ def decode_dns(value: Any) -> DNS:
         options = strings(obj.get("options"))
     except Invalid as e:
         raise e.at(key) from None
-    return DNS(nameservers, domain, search, options)
+    arrays = frozenset(k for k in ("nameservers", "search", "options") if isinstance(obj.get(k), list))
+    return DNS(nameservers, domain, search, options, arrays)
 
 
 @attrs.frozen
@@ -320,7 +363,7 @@ class Route:
         return out
 
 
-_ROUTE_KEYS = object_keys("dst", "gw", "mtu", "advmss", "priority", "table", "scope")
+_ROUTE_KEYS = object_keys("dst", "gw", "mtu", "advmss", "priority", "table", "scope", nullable=("gw", "table", "scope"))
 
 
 def decode_route(value: Any) -> Route:

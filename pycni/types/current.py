@@ -117,7 +117,7 @@ class IPConfig:
         return out
 
 
-_IP_KEYS = object_keys("interface", "address", "gateway")
+_IP_KEYS = object_keys("interface", "address", "gateway", nullable=("interface", "gateway"))
 
 
 def decode_ip_config(value: Any) -> IPConfig:
@@ -171,7 +171,7 @@ class Result:
         return out
 
 
-_RESULT_KEYS = object_keys("interfaces", "ips", "routes", "dns", ignored="cniVersion")
+_RESULT_KEYS = object_keys("interfaces", "ips", "routes", "dns", ignored="cniVersion", whole=("ips", "routes"))
 
 
 def decode_result(value: Any, version: str) -> Result:

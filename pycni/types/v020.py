@@ -53,7 +53,7 @@ class IPConfig020:
         return out
 
 
-_IP_KEYS = object_keys("ip", "gateway", "routes")
+_IP_KEYS = object_keys("ip", "gateway", "routes", whole=("routes",), nullable=("gateway",))
 
 
 def decode_ip_config(value: Any) -> IPConfig020:
@@ -106,7 +106,7 @@ class Result020:
         return out
 
 
-_RESULT_KEYS = object_keys("ip4", "ip6", "dns", ignored="cniVersion")
+_RESULT_KEYS = object_keys("ip4", "ip6", "dns", ignored="cniVersion", whole=("ip4", "ip6"), nullable=("ip4", "ip6"))
 
 
 def decode_result(value: Any, version: str) -> Result020:

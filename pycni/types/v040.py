@@ -63,7 +63,7 @@ class IPConfig040:
         return out
 
 
-_IP_KEYS = object_keys("version", "interface", "address", "gateway")
+_IP_KEYS = object_keys("version", "interface", "address", "gateway", nullable=("interface", "gateway"))
 
 
 def decode_ip_config(value: Any) -> IPConfig040:
@@ -144,7 +144,7 @@ class Result040:
         return out
 
 
-_RESULT_KEYS = object_keys("interfaces", "ips", "routes", "dns", ignored="cniVersion")
+_RESULT_KEYS = object_keys("interfaces", "ips", "routes", "dns", ignored="cniVersion", whole=("ips", "routes"))
 
 
 def decode_result(value: Any, version: str) -> Result040:

@@ -47,9 +47,11 @@ __all__ = [
     "random_veth_name",
     "ensure_bridge",
     "add_veth",
+    "add_link",
     "set_up",
     "set_down",
     "set_mac",
+    "set_link",
     "set_master",
     "set_brport",
     "set_port_vlans",
@@ -58,6 +60,7 @@ __all__ = [
     "add_address",
     "del_address",
     "add_route",
+    "del_route",
     "route_oif",
     "has_route",
     "wait_oper_up",
@@ -69,11 +72,11 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 T = TypeVar("T")
 
 # linux/if.h, linux/if_addr.h, linux/if_bridge.h, linux/rtnetlink.h
-IFF_UP, IFF_PROMISC = 0x1, 0x100
+IFF_UP, IFF_PROMISC, IFF_ALLMULTI = 0x1, 0x100, 0x200
 IFA_F_NODAD, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x08, 0x40
 BRIDGE_VLAN_INFO_PVID, BRIDGE_VLAN_INFO_UNTAGGED = 0x2, 0x4
 RT_TABLE_MAIN, RTPROT_BOOT = 254, 3
-RT_SCOPE_UNIVERSE, RT_SCOPE_LINK = 0, 253
+RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_HOST, RT_SCOPE_NOWHERE = 0, 253, 254, 255
 #: ``lo``'s index in every namespace (LOOPBACK_IFINDEX; the kernel asserts it when creating lo).
 LOOPBACK_INDEX = 1
 
@@ -161,6 +164,7 @@ class Link:
     master: int
     peer_index: int
     operstate: str
+    txqlen: int = 0
 
     @property
     def up(self) -> bool:
@@ -182,6 +186,7 @@ def _link(msg: Any) -> Link:
         master=msg.get("master", 0),
         peer_index=msg.get("link", 0),
         operstate=msg.get("operstate", "UNKNOWN"),
+        txqlen=msg.get("txqlen", 0),
     )
 
 
@@ -284,6 +289,18 @@ def add_veth(
     _call(ipr.link, "add", kind="veth", peer=peer, **host)
 
 
+def add_link(ipr: IPRoute, name: str, kind: str, *, mtu: int = 0, txqlen: int | None = None, up: bool = False) -> None:
+    """One RTM_NEWLINK for a device of ``kind`` that needs no more than these attributes (ifb)."""
+    spec: dict[str, Any] = {"ifname": name, "kind": kind}
+    if mtu > 0:
+        spec["mtu"] = mtu
+    if txqlen is not None:
+        spec["txqlen"] = txqlen
+    if up:
+        spec["state"] = "up"
+    _call(ipr.link, "add", **spec)
+
+
 def set_up(ipr: IPRoute, index: int, *, promisc: bool = False) -> None:
     flags = IFF_UP | (IFF_PROMISC if promisc else 0)
     _call(ipr.link, "set", index=index, flags=flags, change=flags)
@@ -291,6 +308,11 @@ def set_up(ipr: IPRoute, index: int, *, promisc: bool = False) -> None:
 
 def set_down(ipr: IPRoute, index: int) -> None:
     _call(ipr.link, "set", index=index, state="down")
+
+
+def set_link(ipr: IPRoute, index: int, **spec: Any) -> None:
+    """One RTM_SETLINK with pyroute2's link attributes (``mtu``, ``address``, ``txqlen``, ...)."""
+    _call(ipr.link, "set", index=index, **spec)
 
 
 def set_master(ipr: IPRoute, index: int, master: int) -> None:
@@ -424,8 +446,10 @@ def add_route(
     priority: int = 0,
     table: int | None = None,
     scope: int | None = None,
+    src: str | None = None,
 ) -> None:
-    """Append a route (NLM_F_CREATE|NLM_F_APPEND, as the reference's ``RouteAddEcmp``)."""
+    """Append a route (NLM_F_CREATE|NLM_F_APPEND, as the reference's ``RouteAddEcmp``);
+    ``src`` is its preferred source address."""
     spec: dict[str, Any] = {
         "dst": str(dst),
         "oif": index,
@@ -437,7 +461,19 @@ def add_route(
         spec["gateway"] = gateway
     if priority:
         spec["priority"] = priority
+    if src:
+        spec["prefsrc"] = src
     _call(ipr.route, "append", **spec)
+
+
+def del_route(ipr: IPRoute, index: int, dst: IPNetwork) -> None:
+    """Delete the main-table route to ``dst`` through ``index``, whatever its scope and protocol
+    (the kernel's own prefix route included); a missing one is fine."""
+    try:
+        _call(ipr.route, "del", dst=str(dst), oif=index, table=RT_TABLE_MAIN, scope=RT_SCOPE_NOWHERE, proto=0)
+    except LinkError as e:
+        if e.errno != errno.ESRCH:
+            raise
 
 
 def route_oif(ipr: IPRoute, dst: str) -> int | None:

@@ -11,13 +11,13 @@ is refused rather than followed. Writes are atomic (temporary file + ``rename``)
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import secrets
-import stat
 from collections.abc import Iterator
 from typing import Any
+
+from pycni._fs import check_private_dir
 
 __all__ = ["DEFAULT_STATE_DIR", "state_dir", "Records"]
 
@@ -67,11 +67,7 @@ class Records:
                 yield None
                 return
             try:
-                st = os.fstat(fd)
-                if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:
-                    raise PermissionError(
-                        errno.EPERM, f"state dir {root}/{self.sub} must be private to uid {os.geteuid()}"
-                    )
+                check_private_dir(fd, f"state dir {root}/{self.sub}")
                 yield fd
             finally:
                 os.close(fd)

@@ -16,6 +16,7 @@ from pycni import netns
 from tests.conftest import TEST_NS_PREFIX
 
 from .harness import SCENARIOS, World, worlds
+from .twins import Twin, make_twins
 
 
 def _namespaces() -> tuple[Callable[[str], netns.Throwaway], Callable[[], None]]:
@@ -58,3 +59,19 @@ def fresh(
     """Worlds for one scenario with no container yet (removed with the test's namespaces)."""
     monkeypatch.setenv("PYCNI_STATE_DIR", str(tmp_path / "pycni-state"))
     return lambda scenario: worlds(scenario, tmp_path, make_netns)
+
+
+@pytest.fixture(scope="session")
+def pycni_bindir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Every built-in plugin installed as an exec'able plugin (``pycni plugins install``)."""
+    from pycni_plugins.install import install
+
+    d = tmp_path_factory.mktemp("pycni-bin")
+    install(str(d))
+    return str(d)
+
+
+@pytest.fixture
+def twins(make_netns: Callable[[str], netns.Throwaway], tmp_path: Path, pycni_bindir: str) -> dict[str, Twin]:
+    """One world per implementation (Go, pycni in-process, pycni exec'd) for one plugin (:mod:`.twins`)."""
+    return make_twins(make_netns, tmp_path, pycni_bindir)

@@ -89,6 +89,40 @@ def test_killed_runtime_takes_its_exec_d_pycni_plugin_along(world, installed):
     world.works("victim", ns)
 
 
+def test_a_pycni_plugin_whose_runtime_died_during_its_start_up_changes_nothing(world, installed, tmp_path):
+    # The bridge's start-up is held by a wrapper that execs it (same process) after a pause, so
+    # the runtime is killed exactly while its plugin is starting.
+    pidfile = tmp_path / "bridge.pid"
+    real = os.path.join(installed, "bridge.real")
+    os.rename(os.path.join(installed, "bridge"), real)
+    wrapper = os.path.join(installed, "bridge")
+    with open(wrapper, "w") as f:
+        f.write(f"#!/bin/sh\necho $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}\nsleep 1\nexec {real}\n")
+    os.chmod(wrapper, 0o755)
+    ns = world.make_netns("c")
+    spec = {"backend": "exec", "path": [installed], "timeout": 120}
+    runtime = world.spawn("add", "orphan", ns.path, **spec)
+    plugin = None
+    try:
+        deadline = time.monotonic() + 60
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        plugin = int(pidfile.read_text())
+        assert _ppid(plugin) == runtime.pid
+        runtime.kill()
+        runtime.wait()
+        assert _gone_within([plugin], 30) == [], "the orphaned plugin never finished"
+    finally:
+        runtime.kill()
+        runtime.wait()
+        if plugin:
+            _kill([plugin])
+    assert world.leftovers(ns) == {}, "the orphaned bridge changed something after its runtime died"
+    code, out, err = world.run("del", "orphan", ns.path, **spec)
+    assert code == 0, out + err
+    assert world.leftovers(ns) == {}
+
+
 def _go_bridge_world(world: World, tmp_path) -> tuple[World, dict]:
     """The Go reference bridge, its IPAM a pycni-installed host-local (which can be held)."""
     ipam_dir = tmp_path / "ipam-bin"

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import threading
+import time
 
 import pytest
 
 from pycni import netns
+from pycni.errors import CNIError
 from tests.conftest import TEST_NS_PREFIX
 
 pytestmark = pytest.mark.privileged
@@ -91,3 +95,78 @@ def test_throwaway_removes_itself_even_on_failure():
         assert netns.is_netns(path)
         raise RuntimeError("boom")
     assert not os.path.exists(path)
+
+
+def _in_thread(fn, limit: float):
+    """``(finished, elapsed, outcome)`` of ``fn`` run in a daemon thread given ``limit`` seconds."""
+    outcome: list[object] = []
+
+    def body() -> None:
+        try:
+            outcome.append(fn())
+        except BaseException as e:
+            outcome.append(e)
+
+    start = time.monotonic()
+    worker = threading.Thread(target=body, daemon=True)
+    worker.start()
+    worker.join(limit)
+    return not worker.is_alive(), time.monotonic() - start, outcome[0] if outcome else None
+
+
+def _release(fifo: str) -> None:
+    """Let an opener blocked on the FIFO through (what the old, blocking open needed)."""
+    os.close(os.open(fifo, os.O_RDWR | os.O_NONBLOCK))
+
+
+def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path):
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    try:
+        for fn in (
+            lambda: netns.open_netns(fifo),
+            lambda: netns.run_in(fifo, own),
+            lambda: netns.entered(fifo).__enter__(),
+        ):
+            done, elapsed, outcome = _in_thread(fn, 5.0)
+            assert done and elapsed < 1.0, f"still blocked after {elapsed:.1f}s"
+            assert isinstance(outcome, netns.NetnsError) and outcome.errno == errno.EINVAL, outcome
+            assert "not a network namespace" in str(outcome)
+        assert not netns.is_netns(fifo)
+    finally:
+        _release(fifo)
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "exec"])
+def test_a_fifo_as_the_container_netns_fails_add_and_del_within_a_second(backend, host_ns, tmp_path, kit):
+    from pycni.config import conflist_from_bytes
+    from pycni.request import RuntimeConf
+    from pycni.runtime import Runtime
+    from pycni_plugins.install import install
+
+    bindir = tmp_path / "bin"
+    install(str(bindir), ["loopback", "bridge", "host-local"])
+    bridge = kit.bridge_conf(tmp_path, [{"subnet": "198.18.7.0/24"}])
+    net = conflist_from_bytes(
+        json.dumps({"cniVersion": "1.0.0", "name": "testnet", "plugins": [{"type": "loopback"}, bridge]}).encode()
+    )
+    runtime = Runtime([str(bindir)], cache_dir=str(tmp_path / "cache"), backend=backend, host_netns=host_ns.path)
+    runtime.cache.lock_timeout = 1.0  # a lock left held by a stuck operation shows as an error, not a wait
+    fifo = str(tmp_path / "fifo")
+    os.mkfifo(fifo)
+    rt = RuntimeConf("fifo", fifo)
+    try:
+        done, elapsed, outcome = _in_thread(lambda: runtime.add_network_list(net, rt), 10.0)
+        assert done, "ADD blocked on the FIFO"
+        assert isinstance(outcome, CNIError) and "not a network namespace" in str(outcome), outcome
+        assert elapsed < 1.0, f"ADD took {elapsed:.2f}s"
+        done, elapsed, outcome = _in_thread(lambda: runtime.delete_network_list(net, rt), 10.0)
+        assert done and outcome is None, outcome  # nothing can be in a namespace that is none
+        # DEL runs every plugin of the chain: within a second per exec'd plugin (each one's
+        # interpreter start-up alone is a few hundred ms on a busy machine)
+        calls = len(net.plugins) if backend == "exec" else 1
+        assert elapsed < 1.0 * calls, f"DEL took {elapsed:.2f}s for {calls} plugin call(s)"
+        assert [n for n in os.listdir(tmp_path / "ipam" / "testnet") if n[0].isdigit()] == []
+    finally:
+        for _ in range(10):
+            _release(fifo)

@@ -56,6 +56,45 @@ def test_version(bindir):
             "invalid characters found in network name",
         ),
         ({"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "a", "CNI_IFNAME": "e/0", "CNI_PATH": "/x"}, {"name": "n"}, 4, None),
+        # an 18-byte, 9-character name: counted in bytes, as the kernel does
+        (
+            {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "a", "CNI_IFNAME": "é" * 9, "CNI_PATH": "/x"},
+            {"name": "n"},
+            4,
+            "interface name is too long",
+        ),
+        # the strict decoder the runtime uses: no NaN/Infinity, deep nesting is a decode error
+        (
+            {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "a", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
+            '{"name": "n", "mtu": NaN}',
+            6,
+            None,
+        ),
+        (
+            {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "a", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
+            '{"name": "n", "x": ' + "[" * 100000 + "]" * 100000 + "}",
+            6,
+            None,
+        ),
+        # IDs whose cache file name <network>-<id>-<ifname> cannot exist (4100: above the old 4096-byte lease cap)
+        (
+            {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c" * 4100, "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
+            {"name": "n"},
+            4,
+            "containerID is too long",
+        ),
+        (
+            {
+                "CNI_COMMAND": "ADD",
+                "CNI_CONTAINERID": "c" * 249,
+                "CNI_NETNS": "/x",
+                "CNI_IFNAME": "eth0",
+                "CNI_PATH": "/x",
+            },
+            {"name": "n"},
+            4,
+            "containerID is too long",
+        ),
         (
             {"CNI_COMMAND": "BOGUS", "CNI_PATH": "/x"},
             {"name": "n", "cniVersion": "1.0.0"},

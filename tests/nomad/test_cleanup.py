@@ -110,6 +110,12 @@ def commands_of(nat: FakeNat) -> list[tuple[str, str, Any]]:
     return out
 
 
+def family_of(command: Mapping[str, Any]) -> str:
+    """The family one ``{verb: {kind: ref}}`` command acts on."""
+    ((ref,),) = (list(body.values()) for body in command.values())
+    return str(ref["family"])
+
+
 # -- Nomad's TestCNI_forceCleanup -------------------------------------------------------------------
 
 
@@ -218,16 +224,51 @@ def test_a_visible_foreign_comment_vetoes_a_rule() -> None:
     assert ("delete", "rule", "ip POSTROUTING 100") not in commands_of(nat)
 
 
-def test_ipv6_is_best_effort_and_both_families_share_one_transaction() -> None:
+def test_each_family_is_cleaned_in_its_own_transaction_ipv6_first() -> None:
     v4 = nft_table("ip", plugin_rules("nomad", ALLOC, "172.26.64.5"), comments=False)
     v6 = nft_table("ip6", plugin_rules("nomad", ALLOC, "fd00::5")[:3], comments=False)
     nat = FakeNat({"ip": v4, "ip6": v6})
     removed = remove_nat_leftovers(nat, "nomad", ALLOC)
-    assert [c[2].split()[0] for c in commands_of(nat)][:3] == ["ip6", "ip6", "ip6"]
-    assert any(r.startswith("ip6 nat chain") for r in removed)
+    assert [{family_of(c) for c in transaction} for transaction in nat.applied] == [{"ip6"}, {"ip"}]
+    assert any(r.startswith("ip6 nat chain") for r in removed) and any(r.startswith("ip nat chain") for r in removed)
 
     failing_v6 = FakeNat({"ip": v4}, list_error={"ip6": "ip6tables missing"})
     assert all(r.startswith("ip ") for r in remove_nat_leftovers(failing_v6, "nomad", ALLOC))
+
+
+def test_an_unparsable_ipv6_rule_is_logged_and_ipv4_is_still_cleaned(caplog: pytest.LogCaptureFixture) -> None:
+    # Nomad: an ip6 nat POSTROUTING rule with the alloc's comment but no source fails its regex;
+    # Teardown logs that and still removes the IPv4 rule and chain.
+    chain = masquerade_chain("nomad", ALLOC)
+    no_source = f'-A POSTROUTING -m comment --comment "name: \\"nomad\\" id: \\"{ALLOC}\\"" -j {chain}'
+    v4 = f'-A POSTROUTING -s 172.26.64.5/32 -m comment --comment "name: \\"nomad\\" id: \\"{ALLOC}\\"" -j {chain}'
+    nat = FakeNat({"ip6": nft_table("ip6", [no_source]), "ip": nft_table("ip", [v4])})
+    with caplog.at_level("WARNING", logger="pycni.nomad"):
+        removed = remove_nat_leftovers(nat, "nomad", ALLOC)
+    assert removed == (f"ip nat POSTROUTING rule handle 100 (jump {chain})", f"ip nat chain {chain} (0 rules)")
+    assert commands_of(nat)[0] == ("delete", "rule", "ip POSTROUTING 100")
+    assert f"failed to parse postrouting rule for alloc {ALLOC}" in caplog.text
+
+
+def test_a_failed_ipv6_transaction_does_not_block_ipv4() -> None:
+    class V6Fails(FakeNat):
+        def apply(self, commands: Sequence[Mapping[str, Any]]) -> None:
+            self.applied.append([dict(c) for c in commands])
+            if family_of(commands[0]) == "ip6":
+                raise CleanupError("nftables transaction failed", "EBUSY")
+
+    v4 = nft_table("ip", plugin_rules("nomad", ALLOC, "172.26.64.5"), comments=False)
+    v6 = nft_table("ip6", plugin_rules("nomad", ALLOC, "fd00::5"), comments=False)
+    removed = remove_nat_leftovers(V6Fails({"ip": v4, "ip6": v6}), "nomad", ALLOC)
+    assert removed and all(r.startswith("ip ") for r in removed)
+
+
+@pytest.mark.parametrize("alloc", ["alloc-1", "2dd71cac 2b1e", "", "..", "2dd71cac-2b1e-ff08-167c-735f7f9f496g"])
+def test_alloc_ids_that_are_not_uuids_are_refused_as_nomads_regex_refuses_them(alloc: str) -> None:
+    nat = FakeNat({"ip": nft_table("ip", plugin_rules("nomad", alloc, "172.26.64.5"), comments=False)})
+    with pytest.raises(CleanupError, match="failed to parse postrouting rule"):
+        remove_nat_leftovers(nat, "nomad", alloc)
+    assert nat.listed == [] and nat.applied == []
 
 
 def test_no_nat_tables_at_all_is_nothing_to_do() -> None:

@@ -61,6 +61,21 @@ def test_a_parse_error_before_the_match_aborts_the_search(tmp_path: Path) -> Non
         load_cni_conf(str(tmp_path), "mine")
 
 
+def test_a_wrongly_typed_conf_field_before_the_match_aborts_the_search_like_libcni(tmp_path: Path) -> None:
+    (tmp_path / "10-other.conf").write_text('{"name": 5, "type": "x"}')
+    (tmp_path / "20-mine.conflist").write_text('{"name":"mine","cniVersion":"1.0.0","plugins":[{"type":"x"}]}')
+    with pytest.raises(ConfLoadError) as e:
+        load_cni_conf(str(tmp_path), "mine")
+    expected = f"failed to load CNI config file {tmp_path}/10-other.conf: error parsing configuration: json:"
+    assert expected in str(e.value)
+
+
+def test_a_single_conf_is_handed_on_with_its_exact_bytes(tmp_path: Path) -> None:
+    raw = b'{"type": "x",  "name": "mine", "n": 1.0}\n'
+    (tmp_path / "10-mine.conf").write_bytes(raw)
+    assert load_cni_conf(str(tmp_path), "mine").conf_bytes == raw
+
+
 def test_files_after_the_first_match_are_not_read(tmp_path: Path) -> None:
     (tmp_path / "10-mine.conf").write_text('{"name":"mine","cniVersion":"1.0.0","type":"x"}')
     (tmp_path / "20-broken.conflist").write_text("{")

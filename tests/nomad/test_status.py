@@ -227,3 +227,14 @@ def test_list_of_plain_results_is_one_per_network() -> None:
 def test_malformed_results_are_decode_errors(doc: Any) -> None:
     with pytest.raises(DecodeError):
         result_from_json(doc)
+
+
+def test_empty_dns_search_and_options_stay_empty_lists_as_go_keeps_decoded_empty_slices() -> None:
+    plain = {
+        "cniVersion": "1.0.0",
+        "interfaces": [{"name": "eth0", "sandbox": "/var/run/netns/x"}],
+        "ips": [{"interface": 0, "address": "172.26.64.9/20"}],
+        "dns": {"nameservers": ["172.26.64.1"], "search": [], "options": []},
+    }
+    dns = alloc_net_status(result_from_json(plain)).to_json()["DNS"]
+    assert dns == {"Servers": ["172.26.64.1"], "Searches": [], "Options": []}

@@ -73,15 +73,35 @@ def test_write_is_atomic_and_leaves_no_temp_files(tmp_path):
 
 
 def test_legacy_raw_result_file_is_read_as_a_result(tmp_path):
-    (tmp_path / "results").mkdir()
+    (tmp_path / "results").mkdir(mode=0o700)
     (tmp_path / "results" / "net-c1-eth0").write_text(json.dumps(RESULT))
     got = ResultsCache(str(tmp_path)).read("net", "c1", "eth0")
     assert got.result == RESULT and got.config == b""
 
 
+def test_entry_fields_match_keys_as_gos_struct_decoder_does(tmp_path):
+    cache = ResultsCache(str(tmp_path))
+    cache.write(entry())
+    path = tmp_path / "results" / "net-c1-eth0"
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({k[0].upper() + k[1:]: v for k, v in doc.items()}))
+    assert cache.read("net", "c1", "eth0") == entry()
+
+
+def test_entry_result_is_a_go_map_so_a_repeated_key_keeps_its_last_value(tmp_path):
+    # libcni holds the cached result as map[string]interface{} and re-marshals it.
+    cache = ResultsCache(str(tmp_path))
+    cache.write(entry())
+    path = tmp_path / "results" / "net-c1-eth0"
+    text = path.read_text().replace('"ips":', '"dns":{"domain":"a"},"dns":{"search":["b"]},"ips":')
+    path.write_text(text)
+    result = cache.read("net", "c1", "eth0").result
+    assert result["dns"] == {"search": ["b"]} and type(result["dns"]) is dict and type(result) is dict
+
+
 @pytest.mark.parametrize("content", [b"", b"{trunc", b"[1]", b'{"kind":"cniCacheV1","config":"%%%"}'])
 def test_corrupt_files_raise_cache_error(tmp_path, content):
-    (tmp_path / "results").mkdir()
+    (tmp_path / "results").mkdir(mode=0o700)
     (tmp_path / "results" / "net-c1-eth0").write_bytes(content)
     with pytest.raises(CacheError):
         ResultsCache(str(tmp_path)).read("net", "c1", "eth0")

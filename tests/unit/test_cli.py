@@ -176,3 +176,10 @@ def test_gc_reconcile_prints_its_report_and_dry_run_changes_nothing(env, fake_pl
     assert real["staleAttachments"] and not real["dryRun"]
     assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()][2:] == ["DEL", "DEL", "GC", "GC"]
     assert run(["gc", "testnet", "--dry-run"], env).exit_code == 2
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "inf"])
+def test_a_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(env, fake_plugins, value):
+    out = run(["add", "testnet", "/run/netns/x", "--timeout", value], env)
+    assert out.exit_code == 2 and "--timeout" in out.output
+    assert fake_plugins.calls() == []

@@ -353,6 +353,16 @@ def test_del_releases_only_that_attachment_and_is_idempotent(data_dir: Path) -> 
     }
 
 
+def test_a_lease_longer_than_4096_bytes_is_read_whole_and_released(data_dir: Path) -> None:
+    conf = make_conf(data_dir)
+    long_id = "c" * 4100  # another tool's lease: pycni refuses such IDs before host-local runs
+    add(conf, "other")
+    (data_dir / NET / "10.0.0.9").write_bytes(long_id.encode() + b"\r\neth0")
+    run("CHECK", conf, long_id)
+    run("DEL", conf, long_id)
+    assert list(leases(data_dir)) == ["10.0.0.2"]
+
+
 def test_del_falls_back_to_legacy_bare_id_files(data_dir: Path) -> None:
     conf = make_conf(data_dir)
     add(conf, "other")

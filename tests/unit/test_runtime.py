@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from pycni.cache import CachedAttachment
 from pycni.config import conflist_from_bytes
 from pycni.errors import (
     CacheError,
@@ -24,6 +25,8 @@ from pycni.request import Attachment, RuntimeConf
 from pycni.runtime import Runtime
 from tests.helpers.fake import alive
 
+NOBODY = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting another uid's files needs root")
 RT = RuntimeConf(container_id="ctr1", netns="/run/netns/ctr1", ifname="eth0", args=[("K", "V")])
 
 
@@ -41,6 +44,16 @@ def stdin_of(calls, command, type_=None):
 
 
 class TestAdd:
+    def test_a_plugin_type_with_a_path_loads_but_never_reaches_exec(self, runtime, fake_plugins, tmp_path):
+        escape = os.path.relpath(fake_plugins.dir / "fake-a", fake_plugins.dir / "x")
+        n = conflist_from_bytes(fake_plugins.conflist(fake_plugins.plugin("fake-a") | {"type": escape}))
+        assert n.plugins[0].type == escape
+        with pytest.raises(PluginNotFoundError, match="invalid plugin name"):
+            runtime.add_network_list(n, RT)
+        with pytest.raises(MultiError, match="invalid plugin name"):
+            runtime.validate_network_list(n)
+        assert fake_plugins.calls() == []
+
     def test_plugins_run_in_order_each_getting_the_previous_result(self, runtime, fake_plugins):
         n = net(fake_plugins, fake_plugins.plugin("fake-a"), fake_plugins.plugin("fake-b", ADD={"echo_prev": True}))
         result = runtime.add_network_list(n, RT)
@@ -81,12 +94,25 @@ class TestAdd:
             (RuntimeConf(container_id=""), "missing containerID"),
             (RuntimeConf(container_id="-bad"), "invalid characters in containerID"),
             (RuntimeConf(container_id="ok", ifname="toolonginterface0"), "interface name is too long"),
+            (RuntimeConf(container_id="ok", ifname="é" * 9), "interface name is too long"),
+            # testnet-<id>-eth0 longer than a file name: the cache write would fail after the plugins ran
+            (RuntimeConf(container_id="c" * 243), "containerID is too long"),
+            (RuntimeConf(container_id="c" * 4100), "containerID is too long"),
+            (RuntimeConf(container_id="c" * 5000), "containerID is too long"),
         ],
     )
     def test_validation_before_any_exec(self, runtime, fake_plugins, rt, message):
-        with pytest.raises(InvalidArgumentError, match=message):
+        with pytest.raises(InvalidArgumentError, match=message) as info:
             runtime.add_network_list(net(fake_plugins, fake_plugins.plugin("fake-a")), rt)
         assert fake_plugins.calls() == []
+        assert info.value.code == (3 if not rt.container_id else 4)
+
+    def test_the_longest_id_whose_cache_file_fits_works(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"))
+        rt = RuntimeConf(container_id="c" * 242)  # len("testnet-" + id + "-eth0") == 255
+        runtime.add_network_list(n, rt)
+        assert runtime.cache.read("testnet", rt.container_id, "eth0") is not None
+        runtime.delete_network_list(n, rt)
 
     def test_network_name_validated(self, runtime, fake_plugins):
         n = net(fake_plugins, fake_plugins.plugin("fake-a"), name="bad name")
@@ -265,6 +291,51 @@ class TestGC:
         assert all(gcs[0]["env"][k] == "" for k in ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS"))
         assert sorted(a.container_id for a in runtime.get_cached_attachments()) == ["elsewhere", "keep"]
 
+    @staticmethod
+    def _plant_ghost(results, uid):
+        ghost = CachedAttachment(
+            container_id="ghost", network="testnet", ifname="eth0", config=b"{}", netns="/run/netns/victim"
+        )
+        path = results / "testnet-ghost-eth0"
+        path.write_bytes(ghost.to_bytes())
+        os.chown(path, uid, uid)
+
+    @needs_root
+    def test_gc_refuses_a_cache_dir_another_uid_made_and_acts_on_none_of_its_entries(
+        self, runtime, fake_plugins, tmp_path
+    ):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"))
+        results = tmp_path / "cache" / "results"
+        results.mkdir(parents=True)
+        for d in (results.parent, results):  # as 'nobody' would leave them
+            os.chown(d, NOBODY, NOBODY)
+            os.chmod(d, 0o777)
+        self._plant_ghost(results, NOBODY)
+        with pytest.raises(CacheError, match="refusing cache dir .*results: .*must be private to uid") as info:
+            runtime.gc_network_list(n, [Attachment("victim", "eth0")])
+        assert info.value.code == 5
+        assert fake_plugins.calls() == []
+        with pytest.raises(CacheError, match="refusing cache dir"):
+            runtime.add_network_list(n, RT)
+        assert fake_plugins.calls() == []
+
+    @needs_root
+    def test_gc_never_acts_on_a_cache_entry_another_uid_owns(self, runtime, fake_plugins, tmp_path):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"))
+        runtime.add_network_list(n, RuntimeConf("victim", "/run/netns/victim"))
+        self._plant_ghost(tmp_path / "cache" / "results", NOBODY)
+        runtime.gc_network_list(n, [Attachment("victim", "eth0")])
+        assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()] == ["ADD", "GC"]
+        with pytest.raises(CacheError, match="not owned by uid"):
+            runtime.cache.read("testnet", "ghost", "eth0")
+
+    def test_a_cache_dir_others_can_access_is_refused_before_any_plugin_runs(self, runtime, fake_plugins, tmp_path):
+        (tmp_path / "cache" / "results").mkdir(parents=True, mode=0o755)
+        os.chmod(tmp_path / "cache" / "results", 0o755)
+        with pytest.raises(CacheError, match="mode 0755"):
+            runtime.add_network_list(net(fake_plugins, fake_plugins.plugin("fake-a")), RT)
+        assert fake_plugins.calls() == []
+
     def test_plugin_gc_only_from_1_1_0_but_stale_dels_always(self, runtime, fake_plugins):
         n = net(fake_plugins, fake_plugins.plugin("fake-a"), version="0.4.0")
         runtime.add_network_list(n, RT)
@@ -333,6 +404,22 @@ class TestCachedAccessors:
         n = net(fake_plugins, fake_plugins.plugin("fake-a"), version="0.4.0")
         runtime.add_network_list(n, RT)
         assert runtime.get_network_list_cached_result(n, RT).cni_version == "0.4.0"
+
+    def test_cached_result_version_is_read_with_gos_struct_rule_as_libcni_decodes_it(
+        self, runtime, fake_plugins, tmp_path
+    ):
+        # libcni's DecodeVersion unmarshals into a struct: "CNIVersion" is the version.
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), version="1.0.0")
+        runtime.cache.write(
+            CachedAttachment("ctr1", n.name, "eth0", result={"CNIVersion": "0.2.0", "ip4": {"ip": "198.18.0.2/24"}})
+        )
+        result = runtime.get_network_list_cached_result(n, RT)
+        assert [str(ip.address) for ip in result.ips] == ["198.18.0.2/24"]
+
+    def test_cached_result_without_a_version_is_0_1_0_as_in_libcni(self, runtime, fake_plugins):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), version="1.0.0")
+        runtime.cache.write(CachedAttachment("ctr1", n.name, "eth0", result={"ip4": {"ip": "198.18.0.2/24"}}))
+        assert [str(ip.address) for ip in runtime.get_network_list_cached_result(n, RT).ips] == ["198.18.0.2/24"]
 
 
 class Recorder(Plugin):
@@ -466,3 +553,9 @@ class TestReconcile:
         assert sorted(a.container_id for a in runtime.get_cached_attachments()) == ["alive", "dead"]
         assert collector.gc_calls[0]["pycni.dev/dry-run"] is True
         assert report.collected == ("fake-a: lease 198.18.0.9 of ghost/eth0 (would)",) and report.dry_run
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), -1.0, 0, float("inf")])
+def test_the_runtime_refuses_a_timeout_that_is_not_a_finite_positive_number(tmp_path, timeout):
+    with pytest.raises(InvalidArgumentError, match="invalid plugin timeout"):
+        Runtime([], cache_dir=str(tmp_path), backend="exec", timeout=timeout)

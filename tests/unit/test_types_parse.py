@@ -65,6 +65,15 @@ def test_each_known_version_decodes_into_its_model(version, model):
     assert type(result) is model and result.cni_version == version
 
 
+def test_without_config_version_the_version_key_matches_like_gos_decode_version():
+    result = parse_result({"CNIVersion": "1.0.0", "ips": [{"address": "10.0.0.2/8"}]})
+    assert (result.cni_version, len(result.ips)) == ("1.0.0", 1)
+
+
+def test_plugin_output_version_key_is_read_from_a_map_exactly_as_libcni_fixup_does():
+    assert parse_result({"CNIVersion": "0.4.0"}, config_version="1.0.0").cni_version == "1.0.0"
+
+
 @pytest.mark.parametrize("version", ["9.9.9", "1.0", "v1.0.0", "1.0.0 ", "1.2.0"])
 def test_unknown_result_version_is_unsupported(version):
     with pytest.raises(ResultError, match=f'^unsupported CNI result version "{version}"$') as info:
@@ -179,6 +188,49 @@ def test_decoded_input_with_non_string_keys_ignores_them():
 
 def test_case_folded_key_later_in_the_object_wins_like_go():
     assert one({"interfaces": [{"name": "first", "Name": "second"}]}).interfaces[0].name == "second"
+
+
+# libcni decodes plugin output into Go structs, which decode a repeated key's values in turn.
+def test_repeated_interfaces_key_merges_its_elements_like_go():
+    result = parse_result(
+        b'{"cniVersion": "1.0.0", "interfaces": [{"name": "a", "mac": "m"}], "interfaces": [{"name": "b"}]}'
+    )
+    assert result.interfaces == (Interface("b", mac="m"),)
+
+
+def test_repeated_dns_key_merges_its_members_like_go():
+    result = parse_result(b'{"cniVersion": "1.0.0", "dns": {"domain": "d", "search": ["x"]}, "dns": {"search": ["y"]}}')
+    assert result.dns == DNS(domain="d", search=("y",))
+
+
+def test_repeated_ips_key_replaces_each_ip_whole_as_its_go_unmarshaler_does():
+    result = parse_result(
+        b'{"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.2/8", "gateway": "10.0.0.1"}],'
+        b' "ips": [{"address": "10.0.0.3/8"}]}'
+    )
+    assert result.ips == (IPConfig(ip_interface("10.0.0.3/8")),)
+
+
+def test_repeated_key_null_keeps_a_struct_and_clears_a_slice_like_go():
+    result = parse_result(
+        b'{"cniVersion": "1.0.0", "dns": {"domain": "d"}, "dns": null,'
+        b' "interfaces": [{"name": "a"}], "interfaces": null}'
+    )
+    assert (result.dns, result.interfaces) == (DNS(domain="d"), ())
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        b'{"cniVersion": "1.0.0", "routes": {}, "routes": []}',
+        b'{"cniVersion": "1.0.0", "interfaces": [5], "interfaces": [{"name": "a"}]}',
+        b'{"cniVersion": "1.0.0", "ips": [5], "ips": [{"address": "10.0.0.2/8"}]}',
+        b'{"cniVersion": "0.4.0", "dns": {"domain": 1}, "DNS": {"domain": "d"}}',
+    ],
+)
+def test_repeated_key_with_clashing_types_fails_like_go(doc):
+    with pytest.raises(ResultError, match="clashing types"):
+        parse_result(doc)
 
 
 @pytest.mark.parametrize(
@@ -437,3 +489,26 @@ def test_model_from_json_errors_are_result_errors(model, doc, message):
 )
 def test_model_from_json_inverts_to_json(model):
     assert type(model).from_json(model.to_json()) == model
+
+
+# Kept stricter than libcni on purpose (README, results): Go would hand on "<nil>" or panic.
+@pytest.mark.parametrize(
+    "doc",
+    [
+        b'{"cniVersion": "1.0.0", "interfaces": [{"name": "\xff"}]}',
+        b'{"cniVersion": "1.0.0", "interfaces": [null]}',
+        b'{"cniVersion": "1.0.0", "ips": [null]}',
+        b'{"cniVersion": "1.0.0", "routes": [{"gw": "10.0.0.1"}]}',
+        b'{"cniVersion": "1.0.0", "ips": [{"address": ""}]}',
+        b'{"cniVersion": "0.2.0", "ip4": {"ip": ""}}',
+    ],
+)
+def test_what_libcni_would_pass_on_as_nil_is_refused_on_purpose(doc):
+    with pytest.raises(ResultError):
+        parse_result(doc)
+
+
+def test_integers_beyond_2_to_the_53_stay_exact_on_purpose():
+    big = 2**53 + 1
+    result = parse_result(f'{{"cniVersion": "1.1.0", "routes": [{{"dst": "0.0.0.0/0", "mtu": {big}}}]}}')
+    assert result.routes[0].mtu == big

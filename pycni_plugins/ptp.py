@@ -1,0 +1,395 @@
+"""ptp: a veth pair per container, routed point to point from the host (no bridge).
+
+Config keys (``ipMasq``, ``mtu``, ``dns``, ``ipam``), result shape (``[host veth, container]``,
+``ips[*].interface == 1``), CHECK/DEL/STATUS behaviour and error texts follow
+containernetworking/plugins v1.9.1. The container gets its addresses with the subnet route
+replaced by ``<gw>/32 dev <if> scope link src <ip>`` and ``<subnet> via <gw> src <ip>``; the
+host veth gets every gateway as a /32 (/128) address and a ``<ip>/32 dev <veth> scope host``
+route; forwarding is turned on for each family in use. Debian's 1.1.1 differs only in what
+the latest release fixed: it creates both veth ends with ``txqueuelen 0`` and does not set
+``keep_addr_on_down`` for IPv6 (pycni follows v1.9.1), and it has no STATUS.
+
+Where pycni differs, on purpose:
+
+* ``ipMasq`` uses pycni's nftables table, as bridge does, whatever ``ipMasqBackend`` says; DEL
+  releases the masquerade elements from the attachment's record even when the namespace or the
+  link is already gone (upstream then leaks its iptables chain);
+* the namespace is opened, and an IPAM result without a gateway for an address refused (ptp
+  routes everything through it; upstream fails later with a netlink error), before anything is
+  created; a failing ADD removes the veth it made, its masquerade elements and, through IPAM
+  DEL, its addresses (upstream leaves the veth);
+* both veth ends get an explicit random MAC, and the host's IPv6 gateway addresses are added
+  without DAD (usable at once; the host end owns them);
+* the host veth is recorded (``ptp/<attachment key>`` under pycni's state dir): DEL deletes it
+  even when the container's netns path is gone; GC (spec 1.1, none upstream) removes the
+  masquerade elements, veths and records of attachments not in ``cni.dev/valid-attachments``
+  and passes GC on to the IPAM plugin;
+* a second address of a family with the same gateway reuses the host's gateway address
+  (upstream fails with "file exists").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+from pycni import netns
+from pycni.errors import CNIError
+from pycni.plugin import Plugin, PluginRequest, builtin_plugin, delegate
+from pycni.types import DNS, Interface, IPConfig, Result, Route
+
+from ._common import (
+    Fields,
+    attachment,
+    dry_run,
+    emit,
+    fail,
+    gc_report,
+    in_netns,
+    ipam_result,
+    netns_gone,
+    prev_result,
+    valid_attachments,
+)
+from .kernel import layout, links, nft, sysctl
+from .kernel.state import Records
+
+__all__ = ["PtpConfig", "PtpPlugin", "load_config"]
+
+VETH_RETRIES = 10
+#: Per attachment: ``{"attachment", "host"}`` (the host veth's name).
+_LINKS = Records("ptp")
+
+
+@attrs.frozen
+class PtpConfig:
+    ip_masq: bool = False
+    mtu: int = 0
+    ipam_type: str = ""
+    dns: DNS | None = None
+
+
+def load_config(request: PluginRequest) -> PtpConfig:
+    f = Fields(request.config, "failed to load netconf")
+    ip_masq = f.flag("ipMasq")
+    f.string("ipMasqBackend")  # type-checked as upstream; masquerade is always nftables here
+    mtu = f.integer("mtu")
+    if mtu < 0:
+        raise f.error(f"invalid MTU {mtu}")
+    ipam_type = f.string("type", source=f.mapping("ipam"))
+    dns_obj = request.config.get("dns")
+    try:
+        dns = DNS.from_json(dns_obj) if isinstance(dns_obj, Mapping) else None
+    except CNIError as e:
+        raise f.error(e.msg) from None
+    return PtpConfig(ip_masq, mtu, ipam_type, dns if dns and dns.to_json() else None)
+
+
+def _host_prefix(version: int) -> int:
+    return 32 if version == 4 else 128
+
+
+# --- container side (runs in a thread inside the container's namespace) -------------------------
+
+
+def _configure_container(ifname: str, ips: tuple[IPConfig, ...], routes: tuple[Route, ...]) -> None:
+    """upstream's ``ipam.ConfigureIface``, then each subnet route replaced by the gateway's."""
+    index = links.ifindex(ifname)
+    if index is None:
+        raise fail(f'failed to lookup "{ifname}": Link not found')
+    with links.iproute() as ipr:
+        gateways: dict[int, str] = {}
+        has_v6 = False
+        for ip in ips:
+            if ip.address.version == 6 and not has_v6:
+                has_v6 = True
+                for name in ("lo", ifname):
+                    with contextlib.suppress(OSError):
+                        sysctl.ensure(f"net/ipv6/conf/{name}/disable_ipv6", 0)
+                try:
+                    sysctl.write(f"net/ipv6/conf/{ifname}/keep_addr_on_down", 1)
+                except OSError as e:
+                    raise fail(f'failed to enable keep_addr_on_down for interface "{ifname}": {e.strerror}') from e
+            try:
+                links.add_address(ipr, index, ip.address)
+            except links.LinkError as e:
+                raise fail(f'failed to add IP addr {ip.address} to "{ifname}": {e.strerror}') from e
+            gateways.setdefault(ip.address.version, str(ip.gateway))
+        try:
+            links.set_up(ipr, index)
+        except links.LinkError as e:
+            raise fail(f'failed to set "{ifname}" UP: {e.strerror}') from e
+        if 6 in gateways:
+            try:
+                links.wait_dad(ipr, index)
+            except links.LinkError as e:
+                raise fail(f'failed to settle addresses for "{ifname}": {e.strerror}') from e
+        for route in routes:
+            gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
+            try:
+                links.add_route(
+                    ipr, index, route.dst.network, gw, priority=route.priority, table=route.table, scope=route.scope
+                )
+            except links.LinkError as e:
+                raise fail(f"failed to add route '{route.dst.network} via {gw} dev {ifname}': {e.strerror}") from e
+        for ip in ips:
+            net = ip.address.network
+            gw_net = ipaddress.ip_network(f"{ip.gateway}/{_host_prefix(net.version)}")
+            src = str(ip.address.ip)
+            try:
+                links.del_route(ipr, index, net)
+            except links.LinkError as e:
+                raise fail(f"failed to delete route {net} dev {ifname}: {e.strerror}") from e
+            try:
+                links.add_route(ipr, index, gw_net, None, scope=links.RT_SCOPE_LINK, src=src)
+                links.add_route(ipr, index, net, str(ip.gateway), src=src)
+            except links.LinkError as e:
+                raise fail(f"failed to add route {net} via {ip.gateway} dev {ifname}: {e.strerror}") from e
+
+
+def _check_container(iface: Interface, ifname: str, prev: Result) -> None:
+    with links.iproute() as ipr:
+        link = links.get_link(ipr, iface.name)
+        if link is None:
+            raise fail(f"ptp: Container Interface name in prevResult: {iface.name} not found")
+        if link.kind != "veth":
+            raise fail(f"Error: Container interface {link.name} not of type veth/p2p")
+        if iface.mac and iface.mac.lower() != link.mac:
+            raise fail(f"ptp: Interface {iface.name} Mac {iface.mac} doesn't match container Mac: {link.mac}")
+        have = {a for a, _ in links.addresses(ipr, link.index)}
+        for ip in prev.ips:
+            if ip.interface is not None and 0 <= ip.interface < len(prev.interfaces):
+                if prev.interfaces[ip.interface].name != ifname:
+                    continue
+            if ip.address not in have:
+                raise fail(f"Failed to match addr {ip.address} on interface {ifname}")
+        for route in prev.routes:
+            gw = str(route.gw) if route.gw is not None else None
+            if not links.has_route(ipr, link.index, route.dst.network, gw):
+                raise fail(f"Expected Route {route.to_json()} not found in routing table")
+
+
+# --- the plugin -------------------------------------------------------------------------------
+
+
+class PtpPlugin(Plugin):
+    type = "ptp"
+
+    def validate(self, request: PluginRequest) -> None:
+        conf = load_config(request)
+        ipam = builtin_plugin(conf.ipam_type) if conf.ipam_type else None
+        if ipam is not None:  # an exec'd IPAM plugin runs first in ADD, before anything is made
+            ipam.validate(request)
+
+    def add(self, request: PluginRequest) -> dict[str, Any]:
+        conf = load_config(request)
+        try:
+            fd = netns.open_netns(request.netns)
+        except netns.NetnsError as e:
+            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+        undo: list[Callable[[], Any]] = []
+        try:
+            with links.iproute() as ipr:
+                result = self._add(request, conf, ipr, fd, undo)
+        except BaseException as e:
+            for step in reversed(undo):
+                with contextlib.suppress(Exception):
+                    step()
+            if isinstance(e, links.LinkError):
+                raise fail(str(e)) from e
+            raise
+        finally:
+            os.close(fd)
+        return emit(result, request)
+
+    def _add(self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]) -> Result:
+        att = attachment(request)
+        undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
+        ipam = ipam_result(delegate(request, conf.ipam_type, "ADD"), request)
+        if not ipam.ips:
+            raise fail("IPAM plugin returned missing IP config")
+        for ip in ipam.ips:
+            if ip.gateway is None or ip.gateway.version != ip.address.version:
+                raise fail(f"IPAM result has no gateway for {ip.address}: ptp routes through it")
+        for version in sorted({ip.address.version for ip in ipam.ips}):
+            name = "net/ipv4/ip_forward" if version == 4 else "net/ipv6/conf/all/forwarding"
+            try:
+                sysctl.ensure(name, 1)
+            except OSError as e:
+                raise fail(f"Could not enable IP forwarding: {e.strerror}") from e
+        container_mac = links.random_mac()
+        undo.append(lambda: _LINKS.remove(att.key))
+        host_name, host_mac = self._add_veth(request, conf, ipr, fd, container_mac, att)
+        undo.append(lambda: links.delete_link(host_name))
+        ips = tuple(IPConfig(ip.address, ip.gateway, 1) for ip in ipam.ips)
+        netns.run_in(fd, _configure_container, request.ifname, ips, ipam.routes)
+        index = links.ifindex(host_name)
+        if index is None:
+            raise fail(f'failed to lookup "{host_name}": Link not found')
+        for ip in ips:
+            prefix = _host_prefix(ip.address.version)
+            gw_addr = ipaddress.ip_interface(f"{ip.gateway}/{prefix}")
+            try:
+                links.add_address(ipr, index, gw_addr, nodad=gw_addr.version == 6, exist_ok=True)
+            except links.LinkError as e:
+                raise fail(f"failed to add IP addr {gw_addr} to veth: {e.strerror}") from e
+            host_route = ipaddress.ip_network(f"{ip.address.ip}/{prefix}")
+            try:
+                links.add_route(ipr, index, host_route, None, scope=links.RT_SCOPE_HOST)
+            except links.LinkError as e:
+                if e.errno != errno.EEXIST:
+                    raise fail(f"failed to add route on host: {e.strerror}") from e
+        if conf.ip_masq:
+            undo.append(lambda: nft.release("masq", att))
+            try:
+                nft.apply("masq", att, [layout.masq_element(ip.address) for ip in ips], _masq_sections(ips))
+            except nft.NftError as e:
+                raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
+        interfaces = [Interface(host_name, host_mac), Interface(request.ifname, container_mac, sandbox=request.netns)]
+        dns = conf.dns if conf.dns is not None else ipam.dns
+        return Result("1.1.0", interfaces, ips, ipam.routes, dns)
+
+    def _add_veth(
+        self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, container_mac: str, att: nft.Attachment
+    ) -> tuple[str, str]:
+        host_mac = links.random_mac()
+        for _ in range(VETH_RETRIES):
+            host_name = links.random_veth_name()
+            # Recorded before it exists: a crash right after leaves no veth nobody can map.
+            _LINKS.store(att.key, {"attachment": attrs.asdict(att), "host": host_name})
+            try:
+                links.add_veth(
+                    ipr,
+                    host_name,
+                    host_mac,
+                    peer_name=request.ifname,
+                    peer_netns_fd=fd,
+                    peer_mac=container_mac,
+                    mtu=conf.mtu,
+                    master=None,
+                )
+                return host_name, host_mac
+            except links.LinkError as e:
+                if e.errno != errno.EEXIST:
+                    raise fail(f"failed to make veth pair: {e.strerror}") from e
+                if links.ifindex(host_name) is None:
+                    raise fail(
+                        f'container veth name ("{request.ifname}") peer provided ("{host_name}") already exists'
+                    ) from e
+        raise fail(f"failed to find a free veth name after {VETH_RETRIES} attempts")
+
+    def delete(self, request: PluginRequest) -> None:
+        conf = load_config(request)
+        if request.netns:
+            try:
+                netns.run_in(request.netns, links.delete_link, request.ifname)
+            except netns.NetnsError as e:
+                if not netns_gone(e):
+                    raise fail(str(e)) from e
+            except links.LinkError as e:
+                raise fail(f'failed to delete "{request.ifname}": {e.strerror}') from e
+        att = attachment(request)
+        try:
+            _delete_host_veth(_LINKS.load(att.key))
+        except links.LinkError as e:
+            raise fail(f"failed to delete the host veth of {request.ifname}: {e.strerror}") from e
+        nft.release("masq", att)
+        if conf.ipam_type:
+            delegate(request, conf.ipam_type, "DEL")
+        _LINKS.remove(att.key)
+
+    def check(self, request: PluginRequest) -> None:
+        conf = load_config(request)
+        try:
+            os.close(netns.open_netns(request.netns))
+        except netns.NetnsError as e:
+            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+        delegate(request, conf.ipam_type, "CHECK")
+        prev = prev_result(request)
+        if prev is None:
+            raise fail("ptp: Required prevResult missing")
+        ctr = next((i for i in prev.interfaces if i.name == request.ifname and i.sandbox == request.netns), None)
+        if ctr is None:
+            raise fail(f"Sandbox in prevResult  doesn't match configured netns: {request.netns}")
+        in_netns(request.netns, _check_container, ctr, request.ifname, prev)
+        if conf.ip_masq:
+            ips = [ip for ip in prev.ips if ip.interface is None or ip.interface == prev.interfaces.index(ctr)]
+            problem = nft.check(
+                attachment(request), [layout.masq_element(ip.address) for ip in ips], _masq_sections(ips)
+            )
+            if problem:
+                raise fail(f"ipMasq: {problem}")
+
+    def gc(self, request: PluginRequest) -> dict[str, Any]:
+        conf = load_config(request)
+        valid = valid_attachments(request)
+        dry = dry_run(request)
+        network = request.network_name
+        keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid}
+        removed: list[str] = []
+        errors: list[str] = []
+        for name in _LINKS.names():
+            record = _LINKS.load(name)
+            if not isinstance(record, dict) or name in keep:
+                continue
+            att = record.get("attachment") or {}
+            if att.get("network") != network:
+                continue
+            who = f"{att.get('container_id')}/{att.get('ifname')}"
+            host = _host_veth(record)
+            if host is not None:
+                removed.append(f"host veth {host} of {who}")
+            removed.append(f"pycni state record ptp/{name} of {who}")
+            if dry:
+                continue
+            try:
+                _delete_host_veth(record)
+            except links.LinkError as e:
+                errors.append(f"failed to delete {host} of {who}: {e.strerror}")
+                continue
+            _LINKS.remove(name)
+        try:
+            removed += nft.collect(network, valid, ("masq",), dry_run=dry)
+        except nft.NftError as e:
+            errors.append(f"failed to collect nftables elements: {e.msg}")
+        if conf.ipam_type:
+            try:
+                out = delegate(request, conf.ipam_type, "GC")
+                if isinstance(out, dict):
+                    removed += [str(item) for item in out.get("removed", ())]
+            except CNIError as e:
+                errors.append(f"IPAM GC failed: {e.msg}")
+        if errors:
+            raise fail("; ".join(errors), "removed: " + ", ".join(removed) if removed else "")
+        return gc_report(removed)
+
+    def status(self, request: PluginRequest) -> None:
+        conf = load_config(request)
+        if conf.ipam_type:
+            delegate(request, conf.ipam_type, "STATUS")
+
+
+def _masq_sections(ips: Any) -> list[nft.Section]:
+    return [layout.MASQ, *{layout.masq_subnet(ip.address.network) for ip in ips}]
+
+
+def _host_veth(record: Any) -> str | None:
+    """The recorded host veth if it is still there and still a veth."""
+    host = record.get("host") if isinstance(record, dict) else None
+    if not isinstance(host, str):
+        return None
+    with links.iproute() as ipr:
+        link = links.get_link(ipr, host)
+    return host if link is not None and link.kind == "veth" and not link.master else None
+
+
+def _delete_host_veth(record: Any) -> None:
+    host = _host_veth(record)
+    if host is not None:
+        links.delete_link(host)

@@ -1,0 +1,85 @@
+"""Go's struct-field matching (exact key, else case-folded; maps exact), one rule at every site
+where Go decodes into a struct: runtime configs and results, Nomad's models, the plugins."""
+
+from __future__ import annotations
+
+import pytest
+
+from pycni._json import GoFields, go_field, loads
+from pycni.nomad.models import Allocation
+from pycni.plugin import PluginRequest
+from pycni_plugins import bridge, host_local, portmap
+from pycni_plugins.consul_tproxy import decode_config
+from tests.nomad.conftest import group, mock_connect_alloc
+
+LONG_S, KELVIN = "\u017f", "\u212a"  # fold onto "s" and "k" in Go; nothing else non-ASCII reaches ASCII
+
+
+def test_exact_name_first_then_the_first_field_equal_under_folding():
+    fields = GoFields("ip", "IP", "name")
+    assert [fields.lookup(k) for k in ("IP", "ip", "Ip", "NAME", f"na{KELVIN}e", "other", 5)] == [
+        "IP",
+        "ip",
+        "ip",
+        "name",
+        None,
+        None,
+        None,
+    ]
+    assert GoFields("kind").lookup(f"{KELVIN}ind") == "kind"
+    assert GoFields("search").lookup(f"{LONG_S}earch") == "search"
+
+
+@pytest.mark.parametrize("key", ["Ho\ufb06Network", "Addre\u00df", "\u0130d"])
+def test_unicode_case_folding_beyond_gos_simple_folds_matches_nothing(key):
+    # Python's casefold maps the st ligature to "st", sharp s to "ss"; Go's EqualFold does not.
+    assert GoFields("HostNetwork", "Address", "id").lookup(key) is None
+
+
+def test_a_later_key_for_the_same_field_wins_repeated_or_differently_cased():
+    assert go_field(loads(b'{"name": "a", "Name": "b"}'), "name") == "b"
+    assert go_field(loads(b'{"name": "a", "name": "b"}'), "name") == "b"
+    assert GoFields("name").pick(loads(b'{"Name": "a", "name": "b"}')) == {"name": "b"}
+
+
+def test_nomad_models_fold_as_go_not_as_python_casefold():
+    doc = mock_connect_alloc()
+    group(doc)["Networks"][0]["DynamicPorts"] = [{"Label": "a", "Value": 1, "Ho\ufb06Network": "x"}]
+    assert Allocation.from_json(doc).group.networks[0].dynamic_ports[0].host_network == ""
+    group(doc)["Networks"][0]["DynamicPorts"] = [{"Label": "a", "Value": 1, f"Ho{LONG_S}tNetwork": "x"}]
+    assert Allocation.from_json(doc).group.networks[0].dynamic_ports[0].host_network == "x"
+
+
+def request(config):
+    return PluginRequest("ADD", config, container_id="c1", netns="/run/netns/x", ifname="eth0")
+
+
+def test_plugin_request_reads_the_netconf_fields_as_a_go_plugin_does():
+    req = request({"CNIVersion": "1.0.0", "Name": "n", "PrevResult": {"a": 1}, "RuntimeConfig": {"b": 2}})
+    assert (req.cni_version, req.network_name, req.prev_result, req.runtime_config) == (
+        "1.0.0",
+        "n",
+        {"a": 1},
+        {"b": 2},
+    )
+
+
+def test_host_local_folds_the_long_s_as_go(tmp_path):
+    config = {"cniVersion": "1.0.0", "name": "n", "type": "bridge"}
+    config["ipam"] = {"type": "host-local", "dataDir": str(tmp_path), f"{LONG_S}ubnet": "198.18.0.0/24"}
+    conf = host_local.load_config(request(config))
+    assert [str(r.subnet) for rs in conf.range_sets for r in rs] == ["198.18.0.0/24"]
+
+
+def test_portmap_mappings_and_their_runtime_config_fold_as_go():
+    config = {"RuntimeConfig": {"PortMappings": [{f"ho{LONG_S}tPort": 8080, "containerPort": 80}]}}
+    assert [(m.host_port, m.container_port) for m in portmap.parse_mappings(config)] == [(8080, 80)]
+
+
+def test_consul_tproxy_config_folds_the_long_s_as_go():
+    assert decode_config(f'{{"ExcludeUID{LONG_S}": ["7"]}}').exclude_uids == ("7",)
+
+
+def test_reference_plugin_config_fields_fold_as_go():
+    conf = bridge.load_config(request({"cniVersion": "1.0.0", "name": "n", "type": "bridge", "IsGateway": True}))
+    assert conf.is_gateway

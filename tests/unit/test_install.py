@@ -1,0 +1,51 @@
+"""Installed plugin scripts: what they import from."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Records who imported it, then hands over to the real module, so the installer still works.
+_SHADOW = """
+import importlib, os, sys
+with open({marker!r}, "a") as f:
+    f.write(getattr(sys, "argv", ["?"])[0] + "\\n")
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _here]
+del sys.modules[__name__]
+sys.modules[__name__] = importlib.import_module(__name__)
+"""
+
+
+@pytest.mark.parametrize("module", ["json", "ipaddress"])
+def test_installed_plugins_never_import_from_the_installers_cwd_or_pythonpath(tmp_path: Path, module: str) -> None:
+    cwd, extra, bindir = tmp_path / "cwd", tmp_path / "pythonpath", tmp_path / "bin"
+    cwd.mkdir()
+    extra.mkdir()
+    marker = tmp_path / "imported-by"
+    for d in (cwd, extra):
+        (d / f"{module}.py").write_text(_SHADOW.format(marker=str(marker)))
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{extra}:{ROOT}"}
+    subprocess.run(
+        [sys.executable, "-m", "pycni.cli", "plugins", "install", str(bindir), "--type", "loopback"],
+        cwd=cwd,
+        env=env,
+        check=True,
+        capture_output=True,
+    )
+    out = subprocess.run(
+        [str(bindir / "loopback")], cwd=cwd, env=env | {"CNI_COMMAND": "VERSION"}, capture_output=True, check=True
+    )
+    assert json.loads(out.stdout)["cniVersion"]
+    who = marker.read_text().splitlines() if marker.exists() else []
+    assert str(bindir / "loopback") not in who
+    script = (bindir / "loopback").read_text()
+    assert str(cwd) not in script and str(extra) not in script
+    assert script.startswith(f"#!{sys.executable} -IS\n")
