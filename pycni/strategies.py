@@ -486,9 +486,8 @@ def _options(plugin_type: str, within: Sequence[Any], data_dir: str | None) -> s
             },
         )
     if plugin_type == "bandwidth":
-        return st.fixed_dictionaries(
-            {"capabilities": st.just({"bandwidth": True})},
-            optional={"ingressRate": st.integers(1000, 10**9), "ingressBurst": st.integers(1000, 10**7)},
+        return st.tuples(st.just({"capabilities": {"bandwidth": True}}), _rates(10**9, 10**7)).map(
+            lambda t: {**t[0], **t[1]}
         )
     return st.just({}) if plugin_type == "loopback" else st.dictionaries(names, json_values, max_size=2)
 
@@ -683,15 +682,19 @@ def ip_ranges(within: Sequence[IPv4Network | IPv6Network] = TEST_SUBNETS) -> st.
     return _family_nets(within).flatmap(_ranges)
 
 
-bandwidth = st.fixed_dictionaries(
-    {},
-    optional={
-        "ingressRate": st.integers(1000, 10**10),
-        "ingressBurst": st.integers(1000, 10**8),
-        "egressRate": st.integers(1000, 10**10),
-        "egressBurst": st.integers(1000, 10**8),
-    },
-)
+def _rates(max_rate: int, max_burst: int) -> st.SearchStrategy[dict[str, int]]:
+    """bandwidth's limits: per direction a rate and a burst, both or neither (as the plugin requires),
+    the burst at most a second of the rate (tc's 32-bit bucket time holds it)."""
+    pair = st.integers(1000, max_rate).flatmap(lambda r: st.tuples(st.just(r), st.integers(1000, min(r, max_burst))))
+    return st.tuples(st.none() | pair, st.none() | pair).map(
+        lambda t: {
+            **({"ingressRate": t[0][0], "ingressBurst": t[0][1]} if t[0] else {}),
+            **({"egressRate": t[1][0], "egressBurst": t[1][1]} if t[1] else {}),
+        }
+    )
+
+
+bandwidth = _rates(10**10, 10**8)
 dns_capability = st.fixed_dictionaries(
     {},
     optional={

@@ -163,6 +163,11 @@ def test_capability_args_are_what_the_builtin_plugins_accept(caps):
         portmap.validate(PluginRequest("ADD", conf, "cid", "/run/netns/x", "eth0"))
     except CNIError as e:  # only a host IP the container's family lacks is refused without a prevResult
         assert "hostIP" in str(e) or "prevResult" in str(e), e
+    bandwidth = builtin_plugin("bandwidth")
+    if bandwidth is not None and "bandwidth" in caps:
+        prev = {"cniVersion": "1.0.0", "interfaces": [{"name": "veth0"}, {"name": "eth0", "sandbox": "/x"}]}
+        conf = {"cniVersion": "1.0.0", "name": "n", "type": "bandwidth", "prevResult": prev, "runtimeConfig": caps}
+        bandwidth.validate(PluginRequest("ADD", conf, "cid", "/run/netns/x", "eth0"))
     for ranges in caps.get("ipRanges", []):
         assert all(
             any(
