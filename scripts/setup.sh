@@ -23,7 +23,7 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import nftables' 2>/dev/n
 fi
 stamp=.venv/.pycni-installed
 if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,bench,lint]"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,fuzz,bench,lint]"
     touch "$stamp"
 fi
 .venv/bin/python -c 'import nftables, pyroute2, attrs, click, hypothesis' 
