@@ -607,9 +607,7 @@ class BridgePlugin(Plugin):
             errors.append(f"failed to collect nftables elements: {e.msg}")
         if conf.ipam_type:
             try:
-                out = delegate(request, conf.ipam_type, "GC")
-                if isinstance(out, dict):
-                    removed += [str(item) for item in out.get("removed", ())]
+                removed += GCReport.from_json(delegate(request, conf.ipam_type, "GC")).removed
             except CNIError as e:
                 errors.append(f"IPAM GC failed: {e.msg}")
         if errors:

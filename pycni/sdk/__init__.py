@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .args import load_args, parse_cni_args
 from .invoke import find_plugin
-from .plugin import COMMANDS, GCReport, Plugin, builtin_plugin, builtin_plugins, delegate
+from .plugin import COMMANDS, GCReport, Plugin, builtin_plugin, builtin_plugins, delegate, environ, environment
 from .request import PluginRequest
 from .validate import validate_attachment_key, validate_container_id, validate_ifname, validate_network_name
 
@@ -27,6 +27,8 @@ __all__ = [
     "builtin_plugin",
     "builtin_plugins",
     "delegate",
+    "environ",
+    "environment",
     "find_plugin",
     "load_args",
     "parse_cni_args",

@@ -4,11 +4,17 @@ A plugin gets the same :class:`~.request.PluginRequest` whether the runtime call
 or it was exec'd as a binary (:mod:`.skel` decodes env + stdin into one), so both paths are one
 code path inside the plugin. In-process plugins are found through the ``pycni.plugins`` entry
 point group, keyed by CNI type.
+
+A plugin reads its environment through :func:`environ`: the process's, or — inside
+:func:`environment`, as ``pycni serve`` runs each request — the one its caller had.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+from collections.abc import Iterator, Mapping
 from functools import cache
 from typing import Any
 
@@ -27,10 +33,31 @@ __all__ = [
     "builtin_plugins",
     "builtin_plugin",
     "delegate",
+    "environ",
+    "environment",
 ]
 
 COMMANDS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")
 ENTRY_POINT_GROUP = "pycni.plugins"
+
+_environ: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "pycni_plugin_environ", default=None
+)
+
+
+def environ() -> Mapping[str, str]:
+    """The environment of the current plugin invocation (``os.environ`` unless :func:`environment`)."""
+    return _environ.get() or os.environ
+
+
+@contextlib.contextmanager
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    """Plugins called within the block (and their :func:`pycni.netns.run_in` workers) see ``env``."""
+    token = _environ.set(env)
+    try:
+        yield
+    finally:
+        _environ.reset(token)
 
 
 @attrs.frozen
@@ -42,6 +69,13 @@ class GCReport:
 
     def to_json(self) -> dict[str, list[str]]:
         return {"removed": list(self.removed)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> GCReport:
+        """A delegate's GC output (:func:`delegate`): its report, or an empty one (an exec'd
+        delegate prints nothing)."""
+        removed = data.get("removed", ()) if isinstance(data, Mapping) else ()
+        return cls(tuple(str(item) for item in removed))
 
 
 class Plugin:
@@ -125,13 +159,14 @@ class Plugin:
 
 
 def _is_own_netns(path: str) -> bool:
-    if os.environ.get("CNI_NETNS_OVERRIDE") == "1":
+    if environ().get("CNI_NETNS_OVERRIDE") == "1":
         return False
+    from .. import netns  # the plugins have it loaded; the runtime need not
+
     try:
-        a, b = os.stat(path), os.stat("/proc/thread-self/ns/net")
+        return netns.identity(path) == netns.identity("/proc/thread-self/ns/net")
     except OSError:
         return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 @cache
@@ -171,7 +206,7 @@ def delegate(
     request's ``CNI_PATH``. ADD returns the delegate's result object.
     """
     if not plugin_type:
-        raise PluginNotFoundError("no plugin name provided")
+        raise PluginNotFoundError("no plugin name provided", code=ErrorCode.INTERNAL)
     sub = attrs.evolve(request, command=command or request.command)
     plugin = builtin_plugin(plugin_type)
     if plugin is not None:
@@ -181,4 +216,8 @@ def delegate(
             raise
         except Exception as e:  # a bug in a delegate must still come back as a CNI error
             raise PluginError(str(e) or type(e).__name__, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
-    return exec_plugin(plugin_type, sub, timeout=timeout)
+    try:
+        return exec_plugin(plugin_type, sub, timeout=timeout, env=environ())
+    except PluginNotFoundError as e:
+        # Inside a plugin a missing delegate is the plugin's own failure (999), as in Go.
+        raise PluginNotFoundError(e.msg, e.details, code=ErrorCode.INTERNAL, plugin=plugin_type) from e

@@ -36,6 +36,8 @@ PUBLIC = {
         "builtin_plugin",
         "builtin_plugins",
         "delegate",
+        "environ",
+        "environment",
         "find_plugin",
         "load_args",
         "parse_cni_args",

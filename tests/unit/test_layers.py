@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("pycni", "pycni_plugins")
 
 #: What the SDK stands on: nothing of the runtime, nothing of the plugins.
-SDK_MAY_IMPORT = ("pycni.sdk", "pycni.errors", "pycni.types", "pycni._json", "pycni.version")
+#: (pycni.netns, a leaf: the plugin's own-namespace check resolves paths the daemon bound to fds.)
+SDK_MAY_IMPORT = ("pycni.sdk", "pycni.errors", "pycni.types", "pycni._json", "pycni.version", "pycni.netns")
 #: Leaf modules both sides use; they import nothing of pycni but each other and errors.
 LEAVES = (
     "pycni.errors",
@@ -30,8 +31,13 @@ LEAVES = (
 )
 #: What a plugin may import of pycni: the SDK, the wire types and the leaves.
 PLUGINS_MAY_IMPORT = ("pycni.sdk", "pycni.types", *LEAVES)
-#: The one place pycni/ reaches into the plugin package: the CLI's ``plugins`` verbs (install/list).
-RUNTIME_INTO_PLUGINS = {("pycni.cli.plugins", "pycni_plugins.install")}
+#: The places pycni/ reaches into the plugin package: the CLI's verbs that are the package's own
+#: tools (``plugins install/list``; ``serve``, which runs the plugins' daemon).
+RUNTIME_INTO_PLUGINS = {
+    ("pycni.cli.plugins", "pycni_plugins.install"),
+    ("pycni.cli.serve", "pycni_plugins.serve"),
+    ("pycni.cli.serve", "pycni_plugins.serve.daemon"),
+}
 
 
 def _module_name(path: Path) -> str:
