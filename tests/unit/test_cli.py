@@ -154,6 +154,17 @@ def test_cli_does_not_import_pyroute2_for_runtime_verbs(env):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["fuzz", "--help"]])
+def test_help_imports_neither_hypothesis_nor_pyroute2(env, argv):
+    code = (
+        f"import sys; from pycni.cli import main; sys.argv=['pycni', *{argv!r}]\ntry: main()\nexcept SystemExit: pass\n"
+        "heavy = [m for m in ('hypothesis', 'pyroute2') if m in sys.modules]\nassert not heavy, heavy"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "fuzz" in proc.stdout
+
+
 def test_gc_reconcile_prints_its_report_and_dry_run_changes_nothing(env, fake_plugins):
     run(["add", "testnet", "/run/netns/does-not-exist"], env)
     dry = run(["gc", "testnet", "--reconcile", "--dry-run"], env)
