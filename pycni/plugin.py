@@ -326,7 +326,7 @@ def delegate(
     request's ``CNI_PATH``. ADD returns the delegate's result object.
     """
     if not plugin_type:
-        raise PluginNotFoundError("no plugin name provided")
+        raise PluginNotFoundError("no plugin name provided", code=ErrorCode.INTERNAL)
     sub = attrs.evolve(request, command=command or request.command)
     plugin = builtin_plugin(plugin_type)
     if plugin is not None:
@@ -338,4 +338,8 @@ def delegate(
             raise PluginError(str(e) or type(e).__name__, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
     from .invoke import exec_plugin
 
-    return exec_plugin(plugin_type, sub, timeout=timeout, env=environ())
+    try:
+        return exec_plugin(plugin_type, sub, timeout=timeout, env=environ())
+    except PluginNotFoundError as e:
+        # Inside a plugin a missing delegate is the plugin's own failure (999), as in Go.
+        raise PluginNotFoundError(e.msg, e.details, code=ErrorCode.INTERNAL, plugin=plugin_type) from e

@@ -21,6 +21,7 @@ class _Group(Group):
         "demo": ("pycni.cli.demo", "demo"),
         "plugins": ("pycni.cli.plugins", "plugins"),
         "serve": ("pycni.cli.serve", "serve"),
+        "fuzz": ("pycni.cli.fuzz", "fuzz"),
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
