@@ -15,7 +15,7 @@ from pycni._json import GoFields
 from pycni.errors import CNIError, ConfigError
 from pycni.plugin import PluginRequest
 from pycni.types import IPAddress, Route
-from pycni.types._common import Invalid, address
+from pycni.types import _common as _types
 
 from ._errors import config_fail, go_quote, type_error
 
@@ -36,8 +36,8 @@ _ROUTE_INTS = ("mtu", "advmss", "priority", "table", "scope")
 def parse_ip(text: str) -> IPAddress | None:
     """``net.ParseIP`` (pycni.types' parser); None when ``text`` is not an address."""
     try:
-        return address(text)
-    except Invalid:
+        return _types.address(text)
+    except _types.Invalid:
         return None
 
 
@@ -50,12 +50,8 @@ class _CIDR:
     mask_bits: int
 
     def __str__(self) -> str:
-        return f"{self.ip}/{self.ip_prefix}"
-
-    @property
-    def ip_prefix(self) -> int:
         # Go prints a v4-mapped address with its 128-bit mask cut to the last 32 bits.
-        return max(self.prefix - (self.mask_bits - self.ip.max_prefixlen), 0)
+        return f"{self.ip}/{max(self.prefix - (self.mask_bits - self.ip.max_prefixlen), 0)}"
 
 
 def _parse_cidr(text: str) -> _CIDR | None:
@@ -201,7 +197,8 @@ def _decode_route(value: Any) -> Route:
         raise config_fail("invalid route: null")
     obj = _fields(_object(value, field, "types.Route"), ("dst", "gw") + _ROUTE_INTS)
     # A missing dst fails like "" instead of printing Go's "<nil>" route (unusable downstream).
-    dst = _decode_cidr(obj.get("dst"), field)
+    dst_text = obj.get("dst")
+    _decode_cidr(dst_text, field)  # Go's checks and texts; then pycni.types' (cached) parse of the same text
     gw = _decode_ip(obj.get("gw"), field)
     ints: dict[str, int] = {}
     for key in _ROUTE_INTS:  # the CNI 1.1 route attributes, passed through like the latest plugin
@@ -211,7 +208,7 @@ def _decode_route(value: Any) -> Route:
         if isinstance(num, bool) or not isinstance(num, int):
             raise type_error(num, f"route.{key}", "int")
         ints[key] = num
-    return Route(ipaddress.ip_interface((dst.ip, dst.ip_prefix)), gw, **ints)
+    return Route(_types.cidr(dst_text), gw, **ints)
 
 
 def _decode_ip_list(value: Any, field: str) -> list[IPAddress | None]:
