@@ -69,7 +69,18 @@ def _resolve(module: str, is_package: bool, level: int, target: str | None) -> s
 def imports_in(module: str, source: str, *, is_package: bool = False) -> frozenset[str]:
     """The pycni/pycni_plugins modules ``source`` (module ``module``) imports, at any depth."""
     out: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    tree = ast.parse(source)
+    # Imports under ``if TYPE_CHECKING:`` never run: annotations only, no dependency.
+    type_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -183,6 +194,7 @@ def test_no_import_cycles_lazy_ones_included() -> None:
         ("pycni.cli.demo", "from ..sdk import hooks, Plugin", False, {"pycni.sdk.hooks", "pycni.sdk"}),
         ("pycni.cli.demo", "import pycni_plugins.kernel.nft", False, {"pycni_plugins.kernel.nft"}),
         ("pycni.cli.demo", "import json\nfrom attrs import frozen", False, set()),
+        ("pycni.sdk.plugin", "if TYPE_CHECKING:\n    from .invoke import exec_plugin", False, set()),
     ],
 )
 def test_imports_are_resolved_as_python_resolves_them(
