@@ -23,7 +23,7 @@ from pycni.invoke import find_plugin, raw_exec
 from pycni.plugin import PluginRequest
 
 from . import rules
-from .backends import (
+from .drivers import (
     CONTAINER_PORT,
     FAILURES,
     REFERENCE_DIR,
