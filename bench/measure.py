@@ -19,8 +19,8 @@ from typing import Any
 
 from pycni import netns
 from pycni.backends import ExecBackend
-from pycni.invoke import find_plugin, raw_exec
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
+from pycni.sdk.invoke import find_plugin, raw_exec
 
 from . import rules
 from .drivers import (
@@ -231,7 +231,7 @@ def runtime_overhead(samples: int, inprocess: bool, session: Session, progress: 
 
     Exec path, reference plugins, per sample: runtime ADD (recording each request and the time
     inside each backend call) → runtime DEL → raw replay of the recorded ADD requests with
-    :func:`pycni.invoke.raw_exec` (same binaries, stdin and env) from a thread already inside the
+    :func:`pycni.sdk.invoke.raw_exec` (same binaries, stdin and env) from a thread already inside the
     host namespace → raw DEL. Both sides start from the same state.
 
     * ``overhead`` = runtime ADD − Σ raw exec of the replay (the two are separate runs, so on a

@@ -24,8 +24,8 @@ import attrs
 
 from . import _json
 from .errors import CNIError, PluginError
-from .invoke import VersionInfo
-from .plugin import PluginRequest
+from .sdk import PluginRequest
+from .sdk.invoke import VersionInfo
 from .version import CURRENT, SUPPORTED
 
 __all__ = ["MockBackend", "PluginCall", "Handler", "passthrough"]

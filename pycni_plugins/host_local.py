@@ -34,7 +34,7 @@ from pycni import version as _version
 from pycni._json import GoFields, go_kind
 from pycni.errors import CNIError, ConfigError, ErrorCode
 from pycni.failpoints import failpoint
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import GCReport, Plugin, PluginRequest
 
 __all__ = ["DEFAULT_DATA_DIR", "HostLocalConfig", "HostLocalPlugin", "IPRange", "load_config", "parse_resolv_conf"]
 
@@ -1098,7 +1098,7 @@ class HostLocalPlugin(Plugin):
             failpoint("host-local.del.before-release")  # lock held
             store.release(request.container_id, request.ifname, passes=len(conf.range_sets))
 
-    def gc(self, request: PluginRequest) -> dict[str, Any]:
+    def gc(self, request: PluginRequest) -> GCReport:
         """Release every lease of the network whose attachment is not in
         ``cni.dev/valid-attachments`` (a legacy bare-ID lease: whose container has no valid
         attachment), under the lock; with ``pycni.dev/dry-run`` only report them."""

@@ -16,12 +16,11 @@ import click
 
 from .. import _json, config
 from ..errors import CNIError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
-from ..plugin import parse_cni_args
+from ..sdk import parse_cni_args
 from ._base import backend_option, cache_dir_option, plugin_path_option
 
 __all__ = ["COMMANDS", "container_id_for", "load_network", "embedded_network", "DEFAULT_NETWORK"]
 
-DEFAULT_CONF_DIR = "/etc/cni/net.d"
 DEFAULT_NETWORK = "nomad"
 
 
@@ -98,7 +97,7 @@ def _common(fn):
         click.option(
             "--conf-dir",
             envvar="NETCONFPATH",
-            default=DEFAULT_CONF_DIR,
+            default=config.DEFAULT_CONF_DIR,
             show_default=True,
             help="Network configuration directory [$NETCONFPATH].",
         ),
@@ -236,7 +235,7 @@ def conf() -> None:
 _conf_dir = click.option(
     "--conf-dir",
     envvar="NETCONFPATH",
-    default=DEFAULT_CONF_DIR,
+    default=config.DEFAULT_CONF_DIR,
     show_default=True,
     help="Network configuration directory [$NETCONFPATH].",
 )

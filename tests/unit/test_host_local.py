@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
 from pycni_plugins import host_local
 from pycni_plugins.host_local import HostLocalPlugin
 

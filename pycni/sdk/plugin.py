@@ -1,0 +1,223 @@
+"""The plugin contract: what a plugin implements, how built-in ones are found, delegation.
+
+A plugin gets the same :class:`~.request.PluginRequest` whether the runtime called it in-process
+or it was exec'd as a binary (:mod:`.skel` decodes env + stdin into one), so both paths are one
+code path inside the plugin. In-process plugins are found through the ``pycni.plugins`` entry
+point group, keyed by CNI type.
+
+A plugin reads its environment through :func:`environ`: the process's, or — inside
+:func:`environment`, as ``pycni serve`` runs each request — the one its caller had.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from collections.abc import Iterator, Mapping
+from functools import cache
+from typing import Any
+
+import attrs
+
+from .. import version as _version
+from ..errors import CNIError, ErrorCode, PluginError, PluginNotFoundError
+from .invoke import exec_plugin
+from .request import PluginRequest
+
+__all__ = [
+    "COMMANDS",
+    "ENTRY_POINT_GROUP",
+    "GCReport",
+    "Plugin",
+    "builtin_plugins",
+    "builtin_plugin",
+    "delegate",
+    "environ",
+    "environment",
+]
+
+COMMANDS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")
+ENTRY_POINT_GROUP = "pycni.plugins"
+
+_environ: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "pycni_plugin_environ", default=None
+)
+
+
+def environ() -> Mapping[str, str]:
+    """The environment of the current plugin invocation (``os.environ`` unless :func:`environment`)."""
+    return _environ.get() or os.environ
+
+
+@contextlib.contextmanager
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    """Plugins called within the block (and their :func:`pycni.netns.run_in` workers) see ``env``."""
+    token = _environ.set(env)
+    try:
+        yield
+    finally:
+        _environ.reset(token)
+
+
+@attrs.frozen
+class GCReport:
+    """What a built-in plugin's ``gc`` collected (or, dry run, would collect): a pycni extension
+    the in-process runtime passes on; an exec'd plugin prints nothing for GC, as the spec says."""
+
+    removed: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"removed": list(self.removed)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> GCReport:
+        """A delegate's GC output (:func:`delegate`): its report, or an empty one (an exec'd
+        delegate prints nothing)."""
+        removed = data.get("removed", ()) if isinstance(data, Mapping) else ()
+        return cls(tuple(str(item) for item in removed))
+
+
+class Plugin:
+    """Base class of in-process plugins. Commands a plugin does not implement succeed.
+
+    ``add`` returns the result as a JSON object at the request's ``cniVersion``; ``gc`` may
+    return a :class:`GCReport`; the other commands return ``None``. Failures are raised as
+    :class:`~pycni.errors.CNIError`.
+    """
+
+    #: The CNI ``type`` this plugin answers to.
+    type: str = ""
+    supported_versions: tuple[str, ...] = _version.SUPPORTED
+
+    def add(self, request: PluginRequest) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def check(self, request: PluginRequest) -> None:
+        return None
+
+    def delete(self, request: PluginRequest) -> None:
+        return None
+
+    def gc(self, request: PluginRequest) -> GCReport | None:
+        return None
+
+    def status(self, request: PluginRequest) -> None:
+        return None
+
+    def validate(self, request: PluginRequest) -> None:
+        """Refuse a config (and its runtimeConfig/args) that ADD would refuse, changing nothing.
+
+        The runtime calls this for every built-in plugin of a chain before the first ADD runs,
+        so a bad value in the third plugin fails before the first has touched the kernel.
+        """
+        return None
+
+    def version_info(self) -> dict[str, Any]:
+        return {"cniVersion": _version.CURRENT, "supportedVersions": list(self.supported_versions)}
+
+    def handle(self, request: PluginRequest) -> dict[str, Any] | None:
+        """Dispatch ``request.command`` after the version gates every CNI plugin applies.
+
+        Returns the command's JSON output: ADD's result, VERSION's info, GC's report (if any);
+        ``None`` for the others."""
+        cmd = request.command
+        if cmd == "VERSION":
+            return self.version_info()
+        if cmd not in COMMANDS:
+            raise CNIError(f"unknown CNI_COMMAND: {cmd}", code=ErrorCode.INVALID_ENVIRONMENT_VARIABLES)
+        version = request.cni_version
+        if version not in self.supported_versions and not (version == "" and "0.1.0" in self.supported_versions):
+            raise CNIError(
+                "incompatible CNI versions",
+                f'config is "{version}", plugin supports {list(self.supported_versions)}',
+                code=ErrorCode.INCOMPATIBLE_CNI_VERSION,
+            )
+        if cmd in ("ADD", "CHECK", "DEL") and request.netns and _is_own_netns(request.netns):
+            # Checked before anything changes: the caller's own namespace as the container's
+            # would put "eth0", its address and a default route on the host (Go's skel only
+            # notices afterwards). CNI_NETNS_OVERRIDE=1 is skel's documented escape hatch.
+            raise CNIError(
+                "plugin's netns and netns from CNI_NETNS should not be the same", code=ErrorCode.INVALID_NETNS
+            )
+        if cmd == "ADD":
+            return self.add(request)
+        if cmd == "DEL":
+            return self.delete(request)
+        if cmd == "CHECK":
+            if not _version.supports_check(version):
+                raise CNIError("config version does not allow CHECK", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
+            return self.check(request)
+        if cmd == "GC":
+            if not _version.supports_gc(version):
+                raise CNIError("config version does not allow GC", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
+            report = self.gc(request)
+            return None if report is None else report.to_json()
+        if not _version.supports_status(version):
+            raise CNIError("config version does not allow STATUS", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
+        return self.status(request)
+
+
+def _is_own_netns(path: str) -> bool:
+    if environ().get("CNI_NETNS_OVERRIDE") == "1":
+        return False
+    from .. import netns  # the plugins have it loaded; the runtime need not
+
+    try:
+        return netns.identity(path) == netns.identity("/proc/thread-self/ns/net")
+    except OSError:
+        return False
+
+
+@cache
+def _entry_points() -> dict[str, Any]:
+    from importlib.metadata import entry_points
+
+    found: dict[str, Any] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep)
+    return found
+
+
+@cache
+def builtin_plugin(plugin_type: str) -> Plugin | None:
+    """The in-process plugin for a CNI type (loaded on first use), or ``None``."""
+    ep = _entry_points().get(plugin_type)
+    if ep is None:
+        return None
+    try:
+        return ep.load()()
+    except ImportError:
+        return None
+
+
+def builtin_plugins() -> dict[str, Plugin]:
+    """Every in-process plugin that loads, by CNI type."""
+    loaded = {name: builtin_plugin(name) for name in sorted(_entry_points())}
+    return {name: plugin for name, plugin in loaded.items() if plugin is not None}
+
+
+def delegate(
+    request: PluginRequest, plugin_type: str, command: str | None = None, *, timeout: float | None = None
+) -> dict[str, Any] | None:
+    """Run a delegated plugin (e.g. IPAM) with the same config and env, as libcni's ``DelegateAdd``.
+
+    A built-in plugin of that type runs in-process; otherwise the binary is exec'd from the
+    request's ``CNI_PATH``. ADD returns the delegate's result object.
+    """
+    if not plugin_type:
+        raise PluginNotFoundError("no plugin name provided", code=ErrorCode.INTERNAL)
+    sub = attrs.evolve(request, command=command or request.command)
+    plugin = builtin_plugin(plugin_type)
+    if plugin is not None:
+        try:
+            return plugin.handle(sub)
+        except CNIError:
+            raise
+        except Exception as e:  # a bug in a delegate must still come back as a CNI error
+            raise PluginError(str(e) or type(e).__name__, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
+    try:
+        return exec_plugin(plugin_type, sub, timeout=timeout, env=environ())
+    except PluginNotFoundError as e:
+        # Inside a plugin a missing delegate is the plugin's own failure (999), as in Go.
+        raise PluginNotFoundError(e.msg, e.details, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
