@@ -10,7 +10,7 @@ import sys
 from importlib import metadata
 from typing import Any
 
-from .backends import NETAVARK, REFERENCE_DIR
+from .drivers import NETAVARK, REFERENCE_DIR
 
 PACKAGES = (
     "containernetworking-plugins",

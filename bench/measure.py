@@ -23,7 +23,7 @@ from pycni.sdk import PluginRequest
 from pycni.sdk.invoke import find_plugin, raw_exec
 
 from . import rules
-from .backends import (
+from .drivers import (
     CONTAINER_PORT,
     FAILURES,
     REFERENCE_DIR,

@@ -67,7 +67,7 @@ def _point(n: int) -> dict[str, int]:
 
 
 def child(spec_path: str) -> dict[str, Any]:
-    from .backends import FAILURES, backend
+    from .drivers import FAILURES, backend
 
     with open(spec_path) as f:
         spec = json.load(f)

@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file from anywhere
 
-from bench import backends, machine, measure, memory, parsing, report, shim
+from bench import drivers, machine, measure, memory, parsing, report, shim
 from bench.session import PREFIX, Session, claim_run, install_signal_handlers
 from pycni.errors import CNIError
 
@@ -67,18 +67,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="N in 1,10,100 (overrides --n)")
     p.add_argument("--n", type=_ints, default=[1, 10, 100, 1000], help="containers per cell (default 1,10,100,1000)")
-    every = tuple(dict.fromkeys(backends.BACKENDS + backends.CONFLIST_BACKENDS))
+    every = tuple(dict.fromkeys(drivers.BACKENDS + drivers.CONFLIST_BACKENDS))
     p.add_argument(
         "--backends",
         type=_names(every),
-        help=f"default {','.join(backends.BACKENDS)}; with --conflist {','.join(backends.CONFLIST_BACKENDS)}",
+        help=f"default {','.join(drivers.BACKENDS)}; with --conflist {','.join(drivers.CONFLIST_BACKENDS)}",
     )
     p.add_argument("--conflist", metavar="FILE", help="measure this conflist instead of the built-in chain")
     p.add_argument(
         "--plugin-dir",
-        default=backends.REFERENCE_DIR,
+        default=drivers.REFERENCE_DIR,
         metavar="DIR",
-        help=f"where the exec backend finds the conflist's plugins (default {backends.REFERENCE_DIR})",
+        help=f"where the exec backend finds the conflist's plugins (default {drivers.REFERENCE_DIR})",
     )
     p.add_argument("--json", metavar="PATH", help="write the results here")
     p.add_argument(
@@ -96,7 +96,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--memory-backends",
-        type=_names(backends.BACKENDS),
+        type=_names(drivers.BACKENDS),
         default=["pycni-inprocess", "reference-exec", "netavark"],
         metavar="LIST",
         help="measured at each N of the run, up to the largest",
@@ -121,19 +121,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--json {args.json}: its directory does not exist or is not writable")  # fail before, not after, a run
     if args.quick:
         args.n = [1, 10, 100]
-    args.workload = backends.DEFAULT
+    args.workload = drivers.DEFAULT
     if args.conflist:
         try:
-            args.workload = backends.load_workload(args.conflist, args.plugin_dir)
+            args.workload = drivers.load_workload(args.conflist, args.plugin_dir)
         except (OSError, CNIError) as e:
             p.error(f"--conflist {args.conflist}: {e}")
         wrong = [s for s in args.sections or () if s not in CONFLIST_SECTIONS]
         if wrong:
             only = ",".join(CONFLIST_SECTIONS)
             p.error(f"--sections {','.join(wrong)}: these measure the built-in chain (with --conflist: {only})")
-    defaults = (backends.CONFLIST_BACKENDS, CONFLIST_SECTIONS, ["exec", "pycni-inprocess"])
+    defaults = (drivers.CONFLIST_BACKENDS, CONFLIST_SECTIONS, ["exec", "pycni-inprocess"])
     if not args.conflist:
-        defaults = (backends.BACKENDS, SECTIONS, ["pycni-inprocess", "reference-exec"])
+        defaults = (drivers.BACKENDS, SECTIONS, ["pycni-inprocess", "reference-exec"])
     args.backends = args.backends or list(defaults[0])
     args.sections = args.sections or list(defaults[1])
     args.concurrency_backends = args.concurrency_backends or list(defaults[2])
@@ -144,7 +144,7 @@ def _limits(text: str) -> dict[str, int]:
     out = {}
     for item in filter(None, text.split(",")):
         name, sep, value = item.partition("=")
-        every = (*backends.BACKENDS, *backends.CONFLIST_BACKENDS)
+        every = (*drivers.BACKENDS, *drivers.CONFLIST_BACKENDS)
         if not sep or name not in every or not value.isdigit():
             raise argparse.ArgumentTypeError(f"{item!r}: expected BACKEND=N with BACKEND in {list(every)}")
         out[name] = int(value)
@@ -162,12 +162,12 @@ def _rotate(names: list[str], k: int) -> list[str]:
 
 def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progress: measure.Progress) -> None:
     """Fill ``doc`` section by section (what finished stays there if a later section fails)."""
-    available: dict[str, backends.Backend] = {}
+    available: dict[str, drivers.Backend] = {}
     for name in args.backends:
-        why = backends.problem(name, args.workload)
+        why = drivers.problem(name, args.workload)
         if why is None:
             try:
-                available[name] = backends.backend(name, session.root, session.on_close, args.workload)
+                available[name] = drivers.backend(name, session.root, session.on_close, args.workload)
             except (OSError, ValueError, ImportError) as e:
                 why = f"setup failed: {e}"
         if why is not None:
@@ -210,7 +210,7 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
                 doc["overhead"] = measure.runtime_overhead(
                     args.overhead_samples, "pycni-inprocess" in available, session, progress
                 )
-            except backends.FAILURES as e:  # the measurement needs every call to succeed
+            except drivers.FAILURES as e:  # the measurement needs every call to succeed
                 doc["overhead"] = {"error": str(e)}
                 progress.line(f"    failed: {e}")
         else:
@@ -322,9 +322,9 @@ def main(argv: list[str] | None = None) -> int:
             "conflist": os.path.abspath(args.conflist) if args.conflist else None,
             "plugin_dir": args.plugin_dir if args.conflist else None,
             "reference_backend": "exec" if args.conflist else "reference-exec",
-            "host_port_base": backends.HOST_PORT_BASE,
-            "container_port": backends.CONTAINER_PORT,
-            "netavark_argv": [*backends.netavark_argv("<cell dir>/netavark"), "setup|teardown", "<container netns>"],
+            "host_port_base": drivers.HOST_PORT_BASE,
+            "container_port": drivers.CONTAINER_PORT,
+            "netavark_argv": [*drivers.netavark_argv("<cell dir>/netavark"), "setup|teardown", "<container netns>"],
             "temp_root": session.root,
             "volatile": args.volatile,
             "cache_root": session.disk_root,

@@ -43,7 +43,7 @@ __all__ = [
 
 
 class ErrorCode(enum.IntEnum):
-    """Well-known CNI error codes (SPEC §"Error"); 100+ are plugin-specific."""
+    """Well-known CNI error codes (SPEC.md, section "Error"); 100+ are plugin-specific."""
 
     UNKNOWN = 0
     INCOMPATIBLE_CNI_VERSION = 1

@@ -1,6 +1,7 @@
 """The runtime: libcni's ``api.go`` (ADD/CHECK/DEL/GC/STATUS over a network list or one plugin).
 
-Semantics follow libcni v1.3 exactly (see the reference checklist), plus what libcni lacks:
+Semantics follow libcni v1.3 exactly (``libcni/api.go``; SPEC.md "Execution of Network
+Configurations" and "Garbage Collection"), plus what libcni lacks:
 per-container and per-network locking across processes, atomic cache writes, ADD with
 rollback, best-effort DEL, a per-call plugin timeout, and plugins run in a chosen host
 network namespace (``host_netns``) rather than only the caller's.

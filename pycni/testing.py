@@ -1,132 +1,124 @@
-"""Probes for proving connectivity between namespaces, for the demo, tests and benchmarks.
+"""Test helpers for code that drives pycni: a fake plugin backend (httpx's ``MockTransport`` idea).
 
-Everything runs in Python threads that entered the namespace (:func:`pycni.netns.run_in`), so
-no ping or netcat binary is needed: TCP echo servers and clients, and ICMP echo over a raw
-socket. Every server is closed when its ``with`` block ends.
+:class:`MockBackend` is a :class:`~pycni.backends.Backend` that answers every plugin call from
+a handler you supply and records each call; it never execs anything or touches the kernel, so
+``Runtime(..., backend=MockBackend(handler))`` or ``pycni.client.CNI(backend=...)`` exercise
+the runtime's own logic (chaining, caching, DEL order, error mapping) unprivileged::
+
+    def handler(call: PluginCall) -> dict[str, Any] | None:
+        if call.command == "ADD" and call.plugin_type == "bridge":
+            return {"cniVersion": call.cni_version, "ips": [{"address": "198.18.0.2/24"}]}
+        return call.prev_result  # pass-through for every other plugin and command
+
+    backend = MockBackend(handler)
+    Runtime((), cache_dir=tmp, backend=backend).add_network_list(conflist, rt)
+    assert [c.plugin_type for c in backend.calls] == ["bridge", "portmap"]
 """
 
 from __future__ import annotations
 
-import ipaddress
-import os
-import socket
-import struct
-import threading
-import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-from . import netns
+import attrs
 
-__all__ = ["TCPEchoServer", "tcp_echo", "ping"]
+from . import _json
+from .errors import CNIError, PluginError
+from .sdk import PluginRequest
+from .sdk.invoke import VersionInfo
+from .version import CURRENT, SUPPORTED
+
+__all__ = ["MockBackend", "PluginCall", "Handler", "passthrough"]
 
 
-class TCPEchoServer:
-    """Echo every connection's bytes back; listens inside ``netns_path`` on ``port``.
+@attrs.frozen
+class PluginCall:
+    """One plugin call as the plugin would have seen it: its ``CNI_*`` environment and the
+    decoded stdin ``config`` (a copy: the handler cannot alias the runtime's objects)."""
 
-    ``peers`` records the source address of each accepted connection (to see SNAT).
+    plugin_type: str
+    command: str
+    config: dict[str, Any]
+    env: dict[str, str]
+    container_id: str
+    netns: str
+    ifname: str
+    args: str
+
+    @property
+    def cni_version(self) -> str:
+        value = self.config.get("cniVersion")
+        return value if isinstance(value, str) else ""
+
+    @property
+    def network_name(self) -> str:
+        value = self.config.get("name")
+        return value if isinstance(value, str) else ""
+
+    @property
+    def prev_result(self) -> dict[str, Any] | None:
+        value = self.config.get("prevResult")
+        return value if isinstance(value, dict) else None
+
+
+# The result of an ADD (a result document), of a GC (optionally ``{"removed": [...]}``), or None.
+Handler = Callable[[PluginCall], Mapping[str, Any] | None]
+
+
+def passthrough(call: PluginCall) -> dict[str, Any] | None:
+    """ADD returns the prevResult (or an empty result of the config's version); the rest succeed."""
+    if call.command != "ADD":
+        return None
+    return call.prev_result or {"cniVersion": call.cni_version or CURRENT}
+
+
+class MockBackend:
+    """A backend answering each plugin call from ``handler`` (default :func:`passthrough`).
+
+    ``calls`` records every call in order. A :class:`~pycni.errors.CNIError` the handler raises
+    reaches the runtime as a :class:`~pycni.errors.PluginError` with its code, message and
+    details, as a failing plugin's JSON error would; any other exception propagates unchanged
+    (a bug in the test). Every type is found (at ``<mock>``) and supports ``versions``.
     """
 
-    def __init__(self, netns_path: str | None, port: int, *, host: str = "::") -> None:
-        self.netns_path = netns_path
-        self.port = port
-        self.peers: list[str] = []
-        self._sock = netns.run_in(netns_path, self._listen, host)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name=f"echo:{port}", daemon=True)
+    name = "mock"
 
-    def _listen(self, host: str) -> socket.socket:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind((host, self.port))
-        sock.listen(64)
-        sock.settimeout(0.2)
-        return sock
+    def __init__(self, handler: Handler = passthrough, *, versions: Sequence[str] = SUPPORTED) -> None:
+        self.handler = handler
+        self.versions = tuple(versions)
+        self.calls: list[PluginCall] = []
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, peer = self._sock.accept()
-            except (TimeoutError, OSError):
-                continue
-            addr = ipaddress.ip_address(peer[0].split("%")[0])
-            mapped = getattr(addr, "ipv4_mapped", None)
-            self.peers.append(str(mapped or addr))
-            with conn:
-                conn.settimeout(2)
-                try:
-                    data = conn.recv(65536)
-                    conn.sendall(data)
-                except OSError:
-                    pass
+    def find(self, plugin_type: str, paths: Sequence[str]) -> str:
+        return f"<mock>/{plugin_type}"
 
-    def __enter__(self) -> TCPEchoServer:
-        self._thread.start()
-        return self
+    def run(self, plugin_type: str, request: PluginRequest) -> dict[str, Any] | None:
+        config = _json.loads(request.stdin())
+        call = PluginCall(
+            plugin_type=plugin_type,
+            command=request.command,
+            config=config,
+            env=request.env(),
+            container_id=request.container_id,
+            netns=request.netns,
+            ifname=request.ifname,
+            args=request.args,
+        )
+        self.calls.append(call)
+        try:
+            out = self.handler(call)
+        except CNIError as e:
+            raise PluginError(e.msg, e.details, code=e.code, plugin=plugin_type) from e
+        if out is None or request.command not in ("ADD", "GC"):
+            return {} if request.command == "ADD" else None
+        # Through JSON, as from a plugin's stdout: the runtime cannot alias the handler's objects.
+        copy: dict[str, Any] = _json.loads(_json.dumps_compact(dict(out)))
+        return copy
 
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self._sock.close()
+    def version_info(self, plugin_type: str, paths: Sequence[str]) -> VersionInfo:
+        return VersionInfo(self.versions[-1], self.versions)
 
+    def is_builtin(self, plugin_type: str) -> bool:
+        return False
 
-def tcp_echo(netns_path: str | None, address: str, port: int, *, timeout: float = 3.0) -> bool:
-    """Connect from inside ``netns_path`` to ``address:port``; True when the payload comes back."""
-
-    def attempt() -> bool:
-        payload = os.urandom(16)
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            try:
-                sock.connect((address, port))
-                sock.sendall(payload)
-                return sock.recv(64) == payload
-            except OSError:
-                return False
-
-    return netns.run_in(netns_path, attempt)
-
-
-def _checksum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    total = (total >> 16) + (total & 0xFFFF)
-    total += total >> 16
-    return ~total & 0xFFFF
-
-
-def ping(netns_path: str | None, address: str, *, count: int = 1, timeout: float = 2.0) -> bool:
-    """ICMP echo (IPv4 or IPv6) from inside ``netns_path``; True when every request is answered."""
-    ip = ipaddress.ip_address(address)
-
-    def run() -> bool:
-        v6 = ip.version == 6
-        family, proto = (socket.AF_INET6, socket.IPPROTO_ICMPV6) if v6 else (socket.AF_INET, socket.IPPROTO_ICMP)
-        request_type, reply_type = (128, 129) if v6 else (8, 0)
-        ident = os.getpid() & 0xFFFF
-        with socket.socket(family, socket.SOCK_RAW, proto) as sock:
-            for seq in range(count):
-                body = struct.pack("!d", time.monotonic())
-                header = struct.pack("!BBHHH", request_type, 0, 0, ident, seq)
-                checksum = 0 if v6 else _checksum(header + body)  # the kernel fills ICMPv6 checksums
-                sock.sendto(struct.pack("!BBHHH", request_type, 0, checksum, ident, seq) + body, (address, 0))
-                deadline = time.monotonic() + timeout
-                while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return False
-                    sock.settimeout(left)
-                    try:
-                        packet, _ = sock.recvfrom(1024)
-                    except TimeoutError:
-                        return False
-                    icmp = packet if v6 else packet[(packet[0] & 0x0F) * 4 :]
-                    kind, _, _, rid, rseq = struct.unpack("!BBHHH", icmp[:8])
-                    if kind == reply_type and rid == ident and rseq == seq:
-                        break
-        return True
-
-    return netns.run_in(netns_path, run)
+    def validate(self, plugin_type: str, request: PluginRequest) -> None:
+        """Like an exec'd plugin: nothing to check before the call."""

@@ -14,7 +14,8 @@ as **one nftables transaction in the container's namespace**, in its own table
 
 The mapping, rule by rule
 -------------------------
-Consul's rules in emission order (its numbering, see the reference notes §4.3) and what they
+Consul's rules in the order ``SetupWithAdditionalRules`` emits them (hashicorp/consul
+``sdk/iptables/iptables.go``; numbered here) and what they
 become. Every nftables rule carries the iptables rule it implements as its ``comment``, so
 ``nft list table ip pycni_tproxy`` reads like ``iptables -t nat -S``::
 

@@ -93,7 +93,7 @@ def _describe(result: Any) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Also print each ADD result as JSON.")
 def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     """Run the embedded default network over two throwaway containers and prove it works."""
-    from .. import _json, netns, testing
+    from .. import _json, netns, probes
     from ..config import conflist_from_bytes
     from ..request import RuntimeConf
     from ..runtime import Runtime
@@ -149,20 +149,20 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
         ip1 = str(results["c1"].ips[0].address.ip)
         ip2 = str(results["c2"].ips[0].address.ip)
         gateway = str(results["c1"].ips[0].gateway)
-        with testing.TCPEchoServer(c1.path, CONTAINER_PORT):
-            steps.expect(f"ping c1 → c2 ({ip2})", testing.ping(c1.path, ip2))
-            steps.expect(f"ping c2 → c1 ({ip1})", testing.ping(c2.path, ip1))
-            steps.expect(f"TCP c2 → c1 {ip1}:{CONTAINER_PORT}", testing.tcp_echo(c2.path, ip1, CONTAINER_PORT))
+        with probes.TCPEchoServer(c1.path, CONTAINER_PORT):
+            steps.expect(f"ping c1 → c2 ({ip2})", probes.ping(c1.path, ip2))
+            steps.expect(f"ping c2 → c1 ({ip1})", probes.ping(c2.path, ip1))
+            steps.expect(f"TCP c2 → c1 {ip1}:{CONTAINER_PORT}", probes.tcp_echo(c2.path, ip1, CONTAINER_PORT))
             steps.expect(
-                f"TCP host → {gateway}:{HOST_PORT} (host port → c1)", testing.tcp_echo(host.path, gateway, HOST_PORT)
+                f"TCP host → {gateway}:{HOST_PORT} (host port → c1)", probes.tcp_echo(host.path, gateway, HOST_PORT)
             )
             steps.expect(
                 f"TCP host → 127.0.0.1:{HOST_PORT} (localhost → c1)",
-                testing.tcp_echo(host.path, "127.0.0.1", HOST_PORT),
+                probes.tcp_echo(host.path, "127.0.0.1", HOST_PORT),
             )
             steps.expect(
                 f"TCP c2 → {gateway}:{HOST_PORT} (another container → host port → c1)",
-                testing.tcp_echo(c2.path, gateway, HOST_PORT),
+                probes.tcp_echo(c2.path, gateway, HOST_PORT),
             )
         for name, rt in (("c2", rt2), ("c1", rt1)):
             steps.run(f"DEL {name}", lambda rt=rt: runtime.delete_network_list(network, rt))

@@ -25,14 +25,24 @@ import struct
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import Protocol
 
 from .store import is_state_file
 
-if TYPE_CHECKING:
-    from .disk import DiskStore
-
 __all__ = ["Leases", "Watcher", "get_watcher", "store_opened"]
+
+
+class LeaseDir(Protocol):
+    """What the cache reads of :class:`~pycni_plugins.host_local.disk.DiskStore` (a protocol, so
+    the cache does not import the store that imports it)."""
+
+    fd: int
+
+    def lease(self, name: str) -> bytes | None: ...
+
+    def lease_files(self) -> Iterator[tuple[str, bytes]]: ...
+
 
 _IN_MODIFY = 0x00000002
 _IN_ATTRIB = 0x00000004
@@ -81,13 +91,13 @@ class Leases:
             self.content[name] = data
             self.holders.setdefault(data, set()).add(name)
 
-    def load(self, store: DiskStore) -> None:
+    def load(self, store: LeaseDir) -> None:
         self.content.clear()
         self.holders.clear()
         for name, data in store.lease_files():
             self.set(name, data)
 
-    def verified(self, store: DiskStore, data: bytes) -> list[str]:
+    def verified(self, store: LeaseDir, data: bytes) -> list[str]:
         """The files cached as holding ``data``, each re-read now; one that no longer does is corrected."""
         found = []
         for name in list(self.holders.get(data, ())):
@@ -120,7 +130,7 @@ class Watcher:
         self.dirs: dict[tuple[int, int], Leases] = {}  # by the directory's (st_dev, st_ino), least recent first
         self.by_wd: dict[int, Leases] = {}
 
-    def entry(self, store: DiskStore) -> Leases | None:
+    def entry(self, store: LeaseDir) -> Leases | None:
         """The cache of the directory ``store`` has open (its flock held), with every event queued so far
         recorded in it; None if the directory cannot be watched.
 
@@ -150,7 +160,7 @@ class Watcher:
                 self._rm(self.fd, oldest.wd)
         return entry
 
-    def refresh(self, entry: Leases, store: DiskStore) -> bool:
+    def refresh(self, entry: Leases, store: LeaseDir) -> bool:
         """Bring ``entry`` up to date (its lock and the directory's flock held); False if it was dropped meanwhile."""
         with self.mutex:
             if not entry.alive:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import backends
+from bench import drivers
 from bench.session import PREFIX, Session, _run_is_live, namespaces_with_prefix
 from pycni import netns
 
@@ -37,7 +37,7 @@ def workdir() -> Iterator[Path]:
 
 
 def test_harness_runs_every_section_and_leaves_nothing(workdir: Path) -> None:
-    names = [n for n in backends.BACKENDS if backends.problem(n) is None]
+    names = [n for n in drivers.BACKENDS if drivers.problem(n) is None]
     assert "reference-exec" in names
     out = workdir / "bench.json"
     argv = [

@@ -8,7 +8,7 @@ import re
 import time
 from typing import Any
 
-from pycni import testing
+from pycni import probes
 
 from .sandbox import Interactive, Sandbox
 
@@ -53,7 +53,7 @@ def check_attached(sandbox: Sandbox, subnet: str, gateway: str, *running: Intera
         ip = found[1]
         assert ipaddress.ip_address(ip) in ipaddress.ip_network(subnet) and ip != gateway, text
         assert "PING-OK" in text, f"container could not ping its gateway {gateway}: {text!r}"
-        assert testing.ping(sandbox.host.path, ip, timeout=3), f"host cannot ping the container at {ip}"
+        assert probes.ping(sandbox.host.path, ip, timeout=3), f"host cannot ping the container at {ip}"
         out.append({"ip": ip})
     leases = sandbox.leases()
     assert sorted(leases) == sorted(a["ip"] for a in out), leases  # distinct, and nothing else

@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-from pycni import netns, testing
+from pycni import netns, probes
 from pycni.config import NetworkConfigList, conflist_from_bytes
 from pycni.nomad.conflist import BridgeConfig, bridge_conflist
 from pycni.request import RuntimeConf
@@ -260,18 +260,18 @@ def behaviour(world: World, a: Container, b: Container) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for v in world.families:
         gw = a.gateway(v)
-        with testing.TCPEchoServer(a.ns.path, CONTAINER_PORT):
-            out[f"v{v} ping b->a"] = testing.ping(b.ns.path, a.ip(v))
-            out[f"v{v} ping a->b"] = testing.ping(a.ns.path, b.ip(v))
-            out[f"v{v} b->hostport via gateway"] = testing.tcp_echo(b.ns.path, gw, HOST_PORT, timeout=2)
-            out[f"v{v} host->hostport via gateway"] = testing.tcp_echo(world.host.path, gw, HOST_PORT, timeout=2)
+        with probes.TCPEchoServer(a.ns.path, CONTAINER_PORT):
+            out[f"v{v} ping b->a"] = probes.ping(b.ns.path, a.ip(v))
+            out[f"v{v} ping a->b"] = probes.ping(a.ns.path, b.ip(v))
+            out[f"v{v} b->hostport via gateway"] = probes.tcp_echo(b.ns.path, gw, HOST_PORT, timeout=2)
+            out[f"v{v} host->hostport via gateway"] = probes.tcp_echo(world.host.path, gw, HOST_PORT, timeout=2)
             if v == 4:
-                out["v4 host->hostport via 127.0.0.1"] = testing.tcp_echo(
+                out["v4 host->hostport via 127.0.0.1"] = probes.tcp_echo(
                     world.host.path, "127.0.0.1", HOST_PORT, timeout=2
                 )
-            out[f"v{v} a->own hostport (hairpin)"] = testing.tcp_echo(a.ns.path, gw, HOST_PORT, timeout=2)
-        with testing.TCPEchoServer(world.outside.path, OUTSIDE_PORT) as server:
-            reached = testing.tcp_echo(b.ns.path, OUTSIDE[v][1], OUTSIDE_PORT, timeout=2)
+            out[f"v{v} a->own hostport (hairpin)"] = probes.tcp_echo(a.ns.path, gw, HOST_PORT, timeout=2)
+        with probes.TCPEchoServer(world.outside.path, OUTSIDE_PORT) as server:
+            reached = probes.tcp_echo(b.ns.path, OUTSIDE[v][1], OUTSIDE_PORT, timeout=2)
             out[f"v{v} b->outside, source seen"] = server.peers[-1] if reached and server.peers else None
     return out
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pycni import netns, testing
+from pycni import netns, probes
 from pycni.config import conflist_from_bytes
 from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
@@ -125,7 +125,7 @@ class World:
         self.settle()
         assert self.result is not None
         src = next(str(ip.address.ip) for ip in self.result.ips if ip.address.version == version)
-        with testing.TCPEchoServer(self.lan.path, 7000):
+        with probes.TCPEchoServer(self.lan.path, 7000):
             return netns.run_in(self.ctr.path, _connect_from, src, LAN[version][0], 7000)
 
 

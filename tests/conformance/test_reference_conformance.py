@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 import pytest
 
-from pycni import testing
+from pycni import probes
 from pycni.errors import CNIError
 
 from .harness import CONTAINER_PORT, HOST_PORT, World, behaviour, differences, expected_behaviour
@@ -95,7 +95,7 @@ def test_del_leaves_nothing_and_repeats_cleanly(fresh):
             world.delete(a)
             assert world.leftovers(a) == {}, world.impl
         world.settle()
-        assert testing.ping(b.ns.path, b.gateway(4)) and testing.ping(b.ns.path, b.gateway(6)), world.impl
+        assert probes.ping(b.ns.path, b.gateway(4)) and probes.ping(b.ns.path, b.gateway(6)), world.impl
         world.delete(b)
         assert world.leftovers(b) == {}, world.impl
 
@@ -136,16 +136,16 @@ def test_a_published_host_port_is_refused_and_nothing_changes(fresh):
     with pytest.raises(CNIError, match=f'plugin type="portmap" failed \\(add\\): {taken}'):
         ours.add(b, rollback=True)
     assert differences(before, _everything(ours, but="conf-b")) == []
-    with testing.TCPEchoServer(a.ns.path, CONTAINER_PORT) as server:
-        assert testing.tcp_echo(ours.host.path, a.gateway(4), HOST_PORT)
+    with probes.TCPEchoServer(a.ns.path, CONTAINER_PORT) as server:
+        assert probes.tcp_echo(ours.host.path, a.gateway(4), HOST_PORT)
         assert server.peers
 
     go = pair["go"]
     ga, gb = go.container("conf-a", ports=True), go.container("conf-b", ports=True)
     go.add(ga)
     go.add(gb)  # accepted: the port is now published twice
-    with testing.TCPEchoServer(ga.ns.path, CONTAINER_PORT) as first, testing.TCPEchoServer(gb.ns.path, CONTAINER_PORT):
-        assert testing.tcp_echo(go.host.path, ga.gateway(4), HOST_PORT)
+    with probes.TCPEchoServer(ga.ns.path, CONTAINER_PORT) as first, probes.TCPEchoServer(gb.ns.path, CONTAINER_PORT):
+        assert probes.tcp_echo(go.host.path, ga.gateway(4), HOST_PORT)
         assert first.peers  # the first container keeps the traffic
 
 
@@ -160,5 +160,5 @@ def test_a_port_mapping_without_protocol(fresh):
         go.add(go.containers[0])
     a = ours.containers[0]
     ours.add(a)
-    with testing.TCPEchoServer(a.ns.path, CONTAINER_PORT):
-        assert testing.tcp_echo(ours.host.path, a.gateway(4), HOST_PORT)
+    with probes.TCPEchoServer(a.ns.path, CONTAINER_PORT):
+        assert probes.tcp_echo(ours.host.path, a.gateway(4), HOST_PORT)

@@ -325,7 +325,7 @@ def _podman_conflist(data_dir: str) -> bytes:
 
 @pytest.mark.parametrize("backend", ["inprocess", "exec"])
 def test_podmans_default_conflist_runs_on_pycnis_plugins(make_netns, tmp_path, pycni_bindir, backend, monkeypatch):
-    from pycni import testing
+    from pycni import probes
     from pycni.config import conflist_from_bytes
     from pycni.request import RuntimeConf
     from pycni.runtime import Runtime
@@ -342,9 +342,9 @@ def test_podmans_default_conflist_runs_on_pycnis_plugins(make_netns, tmp_path, p
     assert read_state(ctr.path)["links"]["eth0"]["mac"] == "02:00:00:00:ee:05"
     runtime.check_network_list(network, rt)
     ip = str(result.ips[0].address.ip)
-    with testing.TCPEchoServer(ctr.path, 80):
-        assert testing.tcp_echo(host.path, "198.18.0.1", 8080)
-    assert testing.ping(host.path, ip)
+    with probes.TCPEchoServer(ctr.path, 80):
+        assert probes.tcp_echo(host.path, "198.18.0.1", 8080)
+    assert probes.ping(host.path, ip)
     runtime.delete_network_list(network, rt)
     assert read_state(ctr.path)["links"].keys() == {"lo"}
     assert not list((tmp_path / "state" / "tuning").glob("*"))

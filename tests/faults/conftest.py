@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pycni import netns, testing
+from pycni import netns, probes
 from pycni.config import NetworkConfigList, conflist_from_bytes
 from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
@@ -206,7 +206,7 @@ class World:
 
     def ping(self, ip: str) -> bool:
         try:
-            return testing.ping(self.host.path, ip, timeout=2)
+            return probes.ping(self.host.path, ip, timeout=2)
         except OSError:  # no route to it at all
             return False
 

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from pycni import testing
+from pycni import probes
 from pycni.config import conflist_from_bytes
 from pycni.errors import PluginError
 from pycni.request import RuntimeConf
@@ -81,11 +81,11 @@ def test_default_chain_add_check_del_and_connectivity(setup, host_ns, tmp_path):
         # Debian's portmap 1.1.1 looks for an IPv6 chain it never created: an upstream bug, recorded here.
         runtime.check_network_list(network, rt1)
 
-    assert testing.ping(c1.path, ip2) and testing.ping(c2.path, ip1)
-    with testing.TCPEchoServer(c1.path, 80):
-        assert testing.tcp_echo(c2.path, ip1, 80)
-        assert testing.tcp_echo(host_ns.path, "198.18.0.1", 8080)
-        assert testing.tcp_echo(host_ns.path, "127.0.0.1", 8080)
+    assert probes.ping(c1.path, ip2) and probes.ping(c2.path, ip1)
+    with probes.TCPEchoServer(c1.path, 80):
+        assert probes.tcp_echo(c2.path, ip1, 80)
+        assert probes.tcp_echo(host_ns.path, "198.18.0.1", 8080)
+        assert probes.tcp_echo(host_ns.path, "127.0.0.1", 8080)
 
     before = nft_ruleset(host_ns.path)
     assert "CNI-DN-" in before and ip1 in before

@@ -55,6 +55,7 @@ PUBLIC = {
         "NFT_LIST_TABLE",
         "hook",
     },
+    "pycni.testing": {"Handler", "MockBackend", "PluginCall", "passthrough"},
     "pycni.types": {
         "AnyResult",
         "DNS",

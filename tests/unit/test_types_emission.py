@@ -1,7 +1,9 @@
 """to_json() emits what Go's encoding/json emits for each result version (omitempty rules, key order).
 
 Expected documents come from libcni's own type tests (pkg/types/{100,040}/types_test.go) and from
-the reference plugins' observed output (reference-plugins.md §1.5, §2.4, §3).
+the observed output of the reference plugins' ``bridge``, ``host-local`` and ``loopback``
+(containernetworking/plugins ``plugins/main/bridge/bridge.go``, ``plugins/ipam/host-local``,
+``plugins/main/loopback``).
 """
 
 from __future__ import annotations

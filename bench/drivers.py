@@ -1,4 +1,4 @@
-"""The workload and the backends that run it, each behind the same small driver interface.
+"""The bench's drivers: the workload and each backend under test behind one small driver interface.
 
 Workload: the default chain (loopback; bridge + host-local with ipMasq and isGateway; firewall;
 portmap with one mapping per container, host port 20000+i → 80/tcp), N containers on one
