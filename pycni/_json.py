@@ -53,7 +53,7 @@ def _float64_int(text: str) -> int:
     return int(text)
 
 
-class Repeated(dict):  # type: ignore[type-arg]
+class Repeated(dict[Any, Any]):
     """A decoded object that repeats a key: as a dict it holds the last value (what a Go map
     keeps); ``pairs`` are all its members in order (what a Go struct decoder sees)."""
 
@@ -89,7 +89,7 @@ _FLOAT64_MAP_DECODER = json.JSONDecoder(
 
 # Go's encoding/json folds a key onto an ASCII field name with simple case folding: ASCII
 # letters, plus U+017F (long s) and U+212A (Kelvin sign), which fold onto "s" and "k".
-_FOLD_TABLE = {**{c: c + 32 for c in range(ord("A"), ord("Z") + 1)}, 0x17F: "s", 0x212A: "k"}
+_FOLD_TABLE: dict[int, int | str] = {**{c: c + 32 for c in range(ord("A"), ord("Z") + 1)}, 0x17F: "s", 0x212A: "k"}
 
 
 def go_fold(key: str) -> str:

@@ -107,14 +107,15 @@ def run_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: A
     if path is None:
         return fn(*args, **kwargs)
     fd = open_netns(path)
-    outcome: list[Any] = []
+    returned: list[T] = []
+    raised: list[BaseException] = []
 
     def body() -> None:
         try:
             _setns(fd, repr(path))
-            outcome.append((True, fn(*args, **kwargs)))
+            returned.append(fn(*args, **kwargs))
         except BaseException as e:
-            outcome.append((False, e))
+            raised.append(e)
 
     try:
         worker = threading.Thread(target=body, name=f"netns:{path}", daemon=True)
@@ -122,10 +123,9 @@ def run_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: A
         worker.join()
     finally:
         os.close(fd)
-    ok, value = outcome[0]
-    if ok:
-        return value
-    raise value
+    if raised:
+        raise raised[0]
+    return returned[0]
 
 
 def _path(name: str) -> str:

@@ -179,8 +179,9 @@ class PluginRequest:
 class Plugin:
     """Base class of in-process plugins. Commands a plugin does not implement succeed.
 
-    ``add`` returns the result as a JSON object at the request's ``cniVersion``; the other
-    commands return ``None``. Failures are raised as :class:`~pycni.errors.CNIError`.
+    ``add`` returns the result as a JSON object at the request's ``cniVersion``; ``gc`` may
+    return a report of what it removed; the other commands return ``None``. Failures are raised
+    as :class:`~pycni.errors.CNIError`.
     """
 
     #: The CNI ``type`` this plugin answers to.
@@ -196,7 +197,7 @@ class Plugin:
     def delete(self, request: PluginRequest) -> None:
         return None
 
-    def gc(self, request: PluginRequest) -> None:
+    def gc(self, request: PluginRequest) -> dict[str, Any] | None:
         return None
 
     def status(self, request: PluginRequest) -> None:
@@ -237,18 +238,21 @@ class Plugin:
         if cmd == "ADD":
             return self.add(request)
         if cmd == "DEL":
-            return self.delete(request)
+            self.delete(request)
+            return None
         if cmd == "CHECK":
             if not _version.supports_check(version):
                 raise CNIError("config version does not allow CHECK", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
-            return self.check(request)
+            self.check(request)
+            return None
         if cmd == "GC":
             if not _version.supports_gc(version):
                 raise CNIError("config version does not allow GC", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
             return self.gc(request)
         if not _version.supports_status(version):
             raise CNIError("config version does not allow STATUS", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
-        return self.status(request)
+        self.status(request)
+        return None
 
 
 def _is_own_netns(path: str) -> bool:
@@ -278,9 +282,10 @@ def builtin_plugin(plugin_type: str) -> Plugin | None:
     if ep is None:
         return None
     try:
-        return ep.load()()
+        plugin: Plugin = ep.load()()  # entry points are untyped: the group's contract is a Plugin class
     except ImportError:
         return None
+    return plugin
 
 
 def builtin_plugins() -> dict[str, Plugin]:

@@ -92,7 +92,7 @@ def tcp_echo(netns_path: str | None, address: str, port: int, *, timeout: float 
 def _checksum(data: bytes) -> int:
     if len(data) % 2:
         data += b"\0"
-    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    total: int = sum(struct.unpack(f"!{len(data) // 2}H", data))
     total = (total >> 16) + (total & 0xFFFF)
     total += total >> 16
     return ~total & 0xFFFF
