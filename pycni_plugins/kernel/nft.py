@@ -716,8 +716,8 @@ def _owned_by(group: dict[str, Any], key: str, network: str, container_id: str) 
     """Whether an :func:`attachments` group belongs to (network, container_id), any ifname."""
     record = group.get("record")
     if isinstance(record, dict):
-        return record.get("network") == network and record.get("container_id") == container_id
-    parts = group.get("comment", "").split(" ")
+        return bool(record.get("network") == network and record.get("container_id") == container_id)
+    parts: list[str] = group.get("comment", "").split(" ")
     if len(parts) < 5:
         return False
     # The key hashes the exact triple: recomputing it from the comment's ifname is exact. A
@@ -811,7 +811,9 @@ def _diagnose(section: Section, chains: dict[str, list[Any]] | None) -> _Damage 
             fix += [f"insert rule {section.family} {TABLE} {chain} jump {t}" for t in kept]
             targets = []
         for command in jumps:
-            target = _JUMP.search(command).group(1)
+            match = _JUMP.search(command)
+            assert match is not None  # jumps are the commands _JUMP matches
+            target = match.group(1)
             if target not in targets:
                 problems.append(f"chain {chain} of {where} has lost its jump to {target}")
                 fix.append(command)
