@@ -116,7 +116,9 @@ def _phase(
     return outcomes, row
 
 
-def latency_cell(backend: Backend, n: int, session: Session, progress: Progress) -> tuple[list[dict], dict]:
+def latency_cell(
+    backend: Backend, n: int, session: Session, progress: Progress
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One backend at one N: rows for each op, and the cell's facts (rules, first packet, …)."""
     fds_before = _open_fds()
     threads_before = set(threading.enumerate())

@@ -203,7 +203,7 @@ def _spawn(executable: str, env: Mapping[str, str], deadline: float | None) -> s
     raise AssertionError("unreachable")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the plugin's process group, then SIGKILL whatever is left of it."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)

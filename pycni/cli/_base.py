@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import IO, Any
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
 
 import click
 
 from ..errors import CNIError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = ["CNIFailure", "Group", "backend_option", "cache_dir_option", "plugin_path_option"]
 
@@ -34,7 +37,7 @@ class Group(click.Group):
             raise CNIFailure(e) from None
 
 
-def backend_option() -> Any:
+def backend_option() -> Callable[[F], F]:
     return click.option(
         "--backend",
         type=click.Choice(["exec", "inprocess", "auto"]),
@@ -45,7 +48,7 @@ def backend_option() -> Any:
     )
 
 
-def cache_dir_option() -> Any:
+def cache_dir_option() -> Callable[[F], F]:
     return click.option(
         "--cache-dir",
         envvar="PYCNI_CACHE_DIR",
@@ -55,7 +58,7 @@ def cache_dir_option() -> Any:
     )
 
 
-def plugin_path_option(default: str = "", name: str = "--plugin-path") -> Any:
+def plugin_path_option(default: str = "", name: str = "--plugin-path") -> Callable[[F], F]:
     return click.option(
         name,
         "plugin_path",

@@ -10,9 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _json
+from .._json import kind
 from ..errors import ResultError
 from . import current, v020, v040
-from ._common import Invalid, kind, quote
+from ._common import Invalid, quote
 from .convert import AnyResult
 
 __all__ = ["parse_result"]
