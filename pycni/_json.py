@@ -110,10 +110,12 @@ class GoFields:
         for name in names:
             self._folded.setdefault(go_fold(name), name)
 
-    def lookup(self, key: Any) -> str | None:
+    def lookup(self, key: object) -> str | None:
+        if not isinstance(key, str):
+            return None
         if key in self.names:
-            return key  # type: ignore[no-any-return]
-        return self._folded.get(go_fold(key)) if isinstance(key, str) else None
+            return key
+        return self._folded.get(go_fold(key))
 
     def pairs(self, obj: Mapping[str, Any]) -> list[tuple[str, Any]]:
         """``obj``'s members that reach a field, as ``(field, value)`` in document order
