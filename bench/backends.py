@@ -7,13 +7,20 @@ bridge, subnet 198.18.0.0/16 (RFC 2544 benchmarking space, so 1000 containers fi
 Backends, by name:
 
 * ``reference-exec``: Debian's Go reference plugins (/usr/lib/cni) exec'd by pycni's runtime.
-* ``pycni-exec``: pycni_plugins exec'd as binaries (written by ``pycni_plugins.install``).
+* ``pycni-exec``: pycni_plugins exec'd as binaries (the shims ``pycni_plugins.install``
+  writes, with no daemon to talk to: each runs its plugin itself).
+* ``pycni-daemon``: the same shims, served by a ``pycni serve`` the harness starts (in a
+  throwaway namespace of its own: it acts in each caller's namespaces, passed as fds).
 * ``pycni-inprocess``: pycni_plugins called in-process by the runtime.
 * ``netavark``: Debian's netavark 1.4 (the Podman peer) doing the equivalent setup/teardown
   per container with the same subnet, addresses and port mapping. It has no CHECK and no IPAM
   (Podman allocates), so each container gets the address host-local would give it: .2, .3, …
 
 A backend that cannot run here is reported with the reason (:func:`problem`) and skipped.
+
+A user's own chain (:func:`load_workload`, ``bench/run.py --conflist``) is measured by the
+runtime backends only: ``exec`` (its plugins exec'd from a directory), ``pycni-inprocess`` and
+``pycni-exec`` (where every type in it is built into pycni).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -46,7 +55,9 @@ REFERENCE_DIR = "/usr/lib/cni"
 NETAVARK = "/usr/lib/podman/netavark"
 TIMEOUT = 60.0
 ALL_OPS = ("add", "check", "del")
-BACKENDS = ("reference-exec", "pycni-exec", "pycni-inprocess", "netavark")
+BACKENDS = ("reference-exec", "pycni-exec", "pycni-daemon", "pycni-inprocess", "netavark")
+#: Backends for a user's conflist: ``exec`` runs its plugins from the workload's plugin dir.
+CONFLIST_BACKENDS = ("exec", "pycni-inprocess", "pycni-exec", "pycni-daemon")
 
 
 class BackendError(Exception):
@@ -95,12 +106,82 @@ def port_mappings(i: int) -> list[dict[str, Any]]:
     return [{"hostPort": host_port(i), "containerPort": CONTAINER_PORT, "protocol": "tcp"}]
 
 
+@dataclass(frozen=True)
+class Workload:
+    """The chain a cell runs: the built-in one (:data:`DEFAULT`) or a user's (:func:`load_workload`)."""
+
+    name: str  # what the report calls it
+    conflist: Callable[[str], bytes]  # the IPAM data dir -> the conflist's bytes
+    chain: tuple[str, ...]  # the plugins' types, in order
+    types: tuple[str, ...]  # every plugin type it runs, IPAM ones included
+    cni_version: str
+    port_mappings: bool  # whether a plugin declares the capability (so each container gets one)
+    gateway: str | None  # the host's address on the network: the first-packet walk's destination
+    subnet: str
+    plugin_dir: str = REFERENCE_DIR  # where ``exec`` finds the plugins
+
+
+DEFAULT = Workload("built-in", conflist, CHAIN, PLUGIN_TYPES, CNI_VERSION, True, str(GATEWAY), str(SUBNET))
+
+
+def load_workload(path: str, plugin_dir: str = REFERENCE_DIR) -> Workload:
+    """A user's conflist as a workload. Its IPAM state moves into each cell (every ``ipam`` object
+    gets the cell's ``dataDir``, so nothing is written to /var/lib/cni); the rest is run as written,
+    inside the cell's namespaces."""
+    from pycni.config import conflist_from_bytes
+
+    with open(path, "rb") as f:
+        data = f.read()
+    network = conflist_from_bytes(data, source=path)  # ConfigError (with the path) when it is no conflist
+    doc = json.loads(data)
+    chain = tuple(p["type"] for p in doc["plugins"])
+    types: list[str] = []
+    subnet, gateway, ports = "", None, False
+    for plugin in doc["plugins"]:
+        types.append(plugin["type"])
+        ports = ports or bool((plugin.get("capabilities") or {}).get("portMappings"))
+        ipam = plugin.get("ipam")
+        if isinstance(ipam, dict) and ipam.get("type"):
+            types.append(ipam["type"])
+            first = _first_range(ipam)
+            if first and not subnet:
+                subnet = first["subnet"]
+                gateway = first.get("gateway") or str(ipaddress.ip_network(subnet, strict=False)[1])
+
+    def build(ipam_dir: str) -> bytes:
+        out = json.loads(data)
+        for plugin in out["plugins"]:
+            if isinstance(plugin.get("ipam"), dict):
+                plugin["ipam"]["dataDir"] = ipam_dir
+        return json.dumps(out).encode()
+
+    return Workload(
+        os.path.basename(path),
+        build,
+        chain,
+        tuple(dict.fromkeys(types)),
+        network.cni_version,
+        ports,
+        gateway,
+        subnet or "(no host-local range)",
+        plugin_dir,
+    )
+
+
+def _first_range(ipam: dict[str, Any]) -> dict[str, Any] | None:
+    ranges = ipam.get("ranges")
+    if isinstance(ranges, list) and ranges and isinstance(ranges[0], list) and ranges[0]:
+        return ranges[0][0] if isinstance(ranges[0][0], dict) and "subnet" in ranges[0][0] else None
+    return {"subnet": ipam["subnet"], "gateway": ipam.get("gateway")} if "subnet" in ipam else None
+
+
 class Driver(Protocol):
     """Runs the workload for container ``i`` of a cell. Failures raise ``CNIError`` or
     :class:`BackendError`; ``add`` returns an opaque result that :meth:`address` reads later
     (outside the timed region)."""
 
     ops: tuple[str, ...]
+    workload: Workload
 
     def add(self, i: int) -> object: ...
 
@@ -116,11 +197,12 @@ class RuntimeDriver:
 
     ops: tuple[str, ...] = ALL_OPS
 
-    def __init__(self, cell: Cell, *, path: list[str], backend: Any) -> None:
+    def __init__(self, cell: Cell, *, path: list[str], backend: Any, workload: Workload = DEFAULT) -> None:
         from pycni.config import conflist_from_bytes
         from pycni.request import RuntimeConf
         from pycni.runtime import Runtime
 
+        self.workload = workload
         self.runtime = Runtime(
             path,
             cache_dir=cell.cache_dir,
@@ -128,9 +210,14 @@ class RuntimeDriver:
             timeout=TIMEOUT,
             host_netns=cell.host,
         )
-        self.network = conflist_from_bytes(conflist(os.path.join(cell.dir, "ipam")))
+        self.network = conflist_from_bytes(workload.conflist(os.path.join(cell.dir, "ipam")))
         self.rts = [
-            RuntimeConf(container_id(i), path_i, "eth0", capability_args={"portMappings": port_mappings(i)})
+            RuntimeConf(
+                container_id(i),
+                path_i,
+                "eth0",
+                capability_args={"portMappings": port_mappings(i)} if workload.port_mappings else {},
+            )
             for i, path_i in enumerate(cell.containers)
         ]
 
@@ -160,6 +247,7 @@ class NetavarkDriver:
     """
 
     ops: tuple[str, ...] = ("add", "del")
+    workload = DEFAULT
 
     def __init__(self, cell: Cell) -> None:
         config_dir = os.path.join(cell.dir, "netavark")
@@ -238,14 +326,16 @@ def netavark_options(i: int) -> dict[str, Any]:
 # -- availability and construction ------------------------------------------------------------
 
 
-def _missing_builtins() -> list[str]:
+def _missing_builtins(types: tuple[str, ...] = PLUGIN_TYPES) -> list[str]:
     from pycni.plugin import builtin_plugin
 
-    return [t for t in PLUGIN_TYPES if builtin_plugin(t) is None]
+    return [t for t in types if builtin_plugin(t) is None]
 
 
-def problem(name: str) -> str | None:
-    """Why backend ``name`` cannot run here, or ``None``."""
+def problem(name: str, workload: Workload = DEFAULT) -> str | None:
+    """Why backend ``name`` cannot run ``workload`` here, or ``None``."""
+    if workload is not DEFAULT:
+        return _conflist_problem(name, workload)
     if name not in BACKENDS:
         return f"unknown backend (choose from {', '.join(BACKENDS)})"
     if name in ("reference-exec", "netavark") and shutil.which("iptables") is None:
@@ -260,39 +350,120 @@ def problem(name: str) -> str | None:
     missing = _missing_builtins()
     if missing:
         return f"in-process plugins not available yet: {', '.join(missing)}"
-    if name == "pycni-exec":
+    if name in ("pycni-exec", "pycni-daemon"):
         try:
             import pycni_plugins.install  # noqa: F401
         except ImportError as e:
             return f"pycni_plugins.install not available yet ({e})"
+    if name == "pycni-daemon" and shutil.which("nsenter") is None:
+        return "nsenter missing (util-linux)"
     return None
+
+
+def _conflist_problem(name: str, workload: Workload) -> str | None:
+    if name not in CONFLIST_BACKENDS:
+        return f"not applicable to a conflist (choose from {', '.join(CONFLIST_BACKENDS)})"
+    if name == "exec":
+        missing = [t for t in workload.types if not os.access(os.path.join(workload.plugin_dir, t), os.X_OK)]
+        return f"missing in {workload.plugin_dir}: {', '.join(missing)}" if missing else None
+    missing = _missing_builtins(workload.types)
+    return f"not applicable: not built into pycni: {', '.join(missing)}" if missing else None
 
 
 @dataclass(frozen=True)
 class Backend:
     name: str
     make: Callable[[Cell], Driver]
+    plugin_dir: str = ""  # where its exec'd plugins are (pycni-exec, pycni-daemon)
+    socket: str = ""  # the daemon's (pycni-daemon)
 
 
-def backend(name: str, scratch: str) -> Backend:
+def backend(
+    name: str,
+    scratch: str,
+    on_close: Callable[[Callable[[], None]], None] | None = None,
+    workload: Workload = DEFAULT,
+) -> Backend:
     """The driver factory for an available backend (check :func:`problem` first); ``scratch``
-    is a session's temp root, where pycni's exec'able plugins are written once."""
+    is a session's temp root, where pycni's exec'able plugins are written once; ``on_close``
+    registers what to stop when the session ends (the daemon of ``pycni-daemon``)."""
+    w = workload
     if name == "reference-exec":
-        return Backend(name, lambda cell: RuntimeDriver(cell, path=[REFERENCE_DIR], backend="exec"))
+        return Backend(name, lambda cell: RuntimeDriver(cell, path=[REFERENCE_DIR], backend="exec", workload=w))
+    if name == "exec":
+        return Backend(name, lambda cell: RuntimeDriver(cell, path=[w.plugin_dir], backend="exec", workload=w))
     if name == "pycni-inprocess":
-        return Backend(name, lambda cell: RuntimeDriver(cell, path=[], backend="inprocess"))
+        return Backend(name, lambda cell: RuntimeDriver(cell, path=[], backend="inprocess", workload=w))
     if name == "pycni-exec":
-        plugin_dir = install_pycni_plugins(scratch)
-        return Backend(name, lambda cell: RuntimeDriver(cell, path=[plugin_dir], backend="exec"))
+        plugin_dir = install_pycni_plugins(scratch, w.types)
+        return Backend(name, lambda cell: RuntimeDriver(cell, path=[plugin_dir], backend="exec", workload=w))
+    if name == "pycni-daemon":
+        if on_close is None:
+            raise ValueError("pycni-daemon needs a session to stop its daemon")
+        served = start_daemon(scratch)
+        on_close(served.stop)
+        shims = install_pycni_plugins(scratch, w.types, socket=served.socket, dirname="pycni-shims")
+        return Backend(
+            name,
+            lambda cell: RuntimeDriver(cell, path=[shims], backend="exec", workload=w),
+            shims,
+            served.socket,
+        )
     if name == "netavark":
         return Backend(name, NetavarkDriver)
     raise ValueError(f"unknown backend {name!r}")
 
 
-def install_pycni_plugins(scratch: str) -> str:
+def install_pycni_plugins(
+    scratch: str,
+    types: tuple[str, ...] = PLUGIN_TYPES,
+    *,
+    socket: str | None = None,
+    dirname: str = "pycni-plugins",
+) -> str:
+    """The shims for ``types`` in ``scratch/dirname``, talking to ``socket`` (default: one that
+    never exists in the session, so that they run their plugins themselves whatever runs on the host)."""
     from pycni_plugins.install import install
 
-    plugin_dir = os.path.join(scratch, "pycni-plugins")
+    plugin_dir = os.path.join(scratch, dirname)
     if not os.path.isdir(plugin_dir):
-        install(plugin_dir, PLUGIN_TYPES)
+        install(plugin_dir, types, socket=socket or os.path.join(scratch, "no-daemon", "none.sock"))
     return plugin_dir
+
+
+class Served:
+    """A ``pycni serve`` in a throwaway namespace of its own, its socket under ``scratch``."""
+
+    def __init__(self, scratch: str) -> None:
+        from pycni_plugins.serve.daemon import check
+
+        self.dir = os.path.join(scratch, "daemon")
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.socket = os.path.join(self.dir, "pycni.sock")
+        self.ns = netns.Throwaway(name=f"{os.path.basename(scratch.rstrip('/'))}-daemon")
+        self.ns.__enter__()
+        self.log = open(os.path.join(self.dir, "serve.log"), "wb")
+        argv = ["nsenter", f"--net={self.ns.path}", sys.executable, "-m", "pycni.cli", "serve", "--socket", self.socket]
+        env = {k: v for k, v in os.environ.items() if k not in ("PYCNI_SOCKET", "PYCNI_DAEMON")}
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 60
+        while not check(self.socket, timeout=1.0)[0]:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise OSError(f"pycni serve did not start (see {self.dir}/serve.log)")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(45)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        self.ns.__exit__(None, None, None)
+
+
+def start_daemon(scratch: str) -> Served:
+    return Served(scratch)

@@ -28,7 +28,6 @@ from . import rules
 from .backends import (
     CONTAINER_PORT,
     FAILURES,
-    GATEWAY,
     REFERENCE_DIR,
     TIMEOUT,
     Backend,
@@ -132,11 +131,14 @@ def latency_cell(
         addresses = [driver.address(r) for r in results if r is not None]
         snap = rules.snapshot(cell.host)
         last = results[-1]
-        first_packet = (
-            rules.first_packet(snap, host_port(n - 1), str(GATEWAY), f"{driver.address(last)}:{CONTAINER_PORT}")
-            if last is not None
-            else {"port": host_port(n - 1), "error": "the last ADD failed"}
-        )
+        workload = driver.workload
+        if not workload.port_mappings or workload.gateway is None:
+            first_packet = {"port": None, "error": "no port mappings in this chain"}
+        elif last is None:
+            first_packet = {"port": host_port(n - 1), "error": "the last ADD failed"}
+        else:
+            target = f"{driver.address(last)}:{CONTAINER_PORT}"
+            first_packet = rules.first_packet(snap, host_port(n - 1), workload.gateway, target)
         after_add = rules.count(snap)
         for op, call in (("check", driver.check), ("del", driver.delete)):
             if op in driver.ops:

@@ -36,23 +36,24 @@ def _backends(doc: dict[str, Any]) -> list[str]:
 
 def _latency(doc: dict[str, Any]) -> list[str]:
     rows = {(r["backend"], r["n"], r["op"]): r for r in doc["rows"]}
+    reference = doc["config"].get("reference_backend", REFERENCE)
     out = [
         "## Latency per container (ms)",
         "",
         "Each sample is one call of the whole chain for one container (`time.perf_counter`). "
-        f"`×ref` = p50 / p50 of {REFERENCE} at the same N and op (< 1 is faster). "
+        f"`×ref` = p50 / p50 of {reference} at the same N and op (< 1 is faster). "
         "With fewer than 100 samples p99 is close to the maximum.",
         "",
     ]
     body = []
     for op in OPS:
         for n in sorted({r["n"] for r in doc["rows"]}):
-            ref = rows.get((REFERENCE, n, op))
+            ref = rows.get((reference, n, op))
             for backend in _backends(doc):
                 row = rows.get((backend, n, op))
                 if row is None:
                     continue
-                ratio = f"{row['p50_ms'] / ref['p50_ms']:.2f}×" if ref and backend != REFERENCE else ""
+                ratio = f"{row['p50_ms'] / ref['p50_ms']:.2f}×" if ref and backend != reference else ""
                 errors = f"{row['errors']}/{len(row['samples'])}" if row["errors"] else ""
                 body.append((op, n, backend, _ms(row["p50_ms"]), _ms(row["p90_ms"]), _ms(row["p99_ms"]), ratio, errors))
     out += _table(("op", "N", "backend", "p50", "p90", "p99", "×ref", "errors"), body)
@@ -108,6 +109,31 @@ def _rules(doc: dict[str, Any]) -> list[str]:
         "distinct addrs",
     )
     return out + _table(header, body)
+
+
+def _shim(doc: dict[str, Any]) -> list[str]:
+    s = doc.get("shim") or {}
+    if not s:
+        return []
+    body = [
+        ("start-up: exec → first byte at the socket", s["startup"]),
+        ("VERSION round trip through the daemon", s["version_round_trip"]),
+        *(
+            [("the interpreter alone: `-IS -c pass`, exec → exit", s["bare_interpreter"])]
+            if "bare_interpreter" in s
+            else []
+        ),
+    ]
+    return [
+        "## The shim on its own (pycni-daemon)",
+        "",
+        f"{s['samples']} execs each of the installed `bridge` shim, no `nsenter` or shell in between.",
+        "",
+        *_table(
+            ("", "p50 ms", "p90 ms", "p99 ms"),
+            [(k, _ms(v["p50_ms"]), _ms(v["p90_ms"]), _ms(v["p99_ms"])) for k, v in body],
+        ),
+    ]
 
 
 def _overhead(doc: dict[str, Any]) -> list[str]:
@@ -273,9 +299,7 @@ def _header(doc: dict[str, Any]) -> list[str]:
         f" libnftables {debs.get('libnftables1')}, {m.get('iptables')}",
         f"- Reference plugins: containernetworking-plugins {debs.get('containernetworking-plugins')};"
         f" netavark {m.get('netavark')}",
-        f"- Workload: {' → '.join(c['chain'])} (cniVersion {c['cni_version']}), bridge + host-local {c['subnet']},"
-        f" ipMasq, isGateway, one port mapping per container ({c['host_port_base']}+i → {c['container_port']}/tcp);"
-        " N containers per cell, each in its own namespace, all in one throwaway host namespace per cell",
+        _workload(c),
         f"- N: {c['n']}; backends: {', '.join(c['backends'])}; wall time {doc.get('wall_s')} s",
     ]
     out += [f"- Skipped {name}: {why}" for name, why in doc["skipped"].items()]
@@ -288,6 +312,21 @@ def _header(doc: dict[str, Any]) -> list[str]:
     if doc.get("error"):
         out.append("- **Failed**: see `error` in the JSON")
     return out + [""]
+
+
+def _workload(c: dict[str, Any]) -> str:
+    cells = " N containers per cell, each in its own namespace, all in one throwaway host namespace per cell"
+    ports = f"({c['host_port_base']}+i → {c['container_port']}/tcp)"
+    if c.get("conflist"):
+        return (
+            f"- Workload: {c['conflist']} ({' → '.join(c['chain'])}, cniVersion {c['cni_version']}, first range"
+            f" {c['subnet']}), exec'd from {c['plugin_dir']}; one port mapping per container {ports} where a plugin"
+            f" declares portMappings; IPAM dataDir moved into each cell;" + cells
+        )
+    return (
+        f"- Workload: {' → '.join(c['chain'])} (cniVersion {c['cni_version']}), bridge + host-local {c['subnet']},"
+        f" ipMasq, isGateway, one port mapping per container {ports};" + cells
+    )
 
 
 def _cleanup(doc: dict[str, Any]) -> list[str]:
@@ -322,7 +361,7 @@ def _caveats(doc: dict[str, Any]) -> list[str]:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    parts = (_header, _latency, _rules, _overhead, _concurrency, _memory, _parsing, _warmup, _caveats, _cleanup)
+    parts = (_header, _latency, _shim, _rules, _overhead, _concurrency, _memory, _parsing, _warmup, _caveats, _cleanup)
     return "\n".join(line for part in parts for line in part(doc))
 
 

@@ -8,8 +8,14 @@ Run from the repository root, as root (everything happens in namespaces the harn
 
 Sections (``--sections``): ``latency`` (ADD/CHECK/DEL per backend × N, with rule counts and the
 first-packet walk per cell), ``overhead`` (runtime vs raw exec), ``concurrency``, ``memory``,
-``parsing``. Backends are alternated per N with a rotating start so machine drift hits all of
-them alike; one untimed-in-the-table warm-up cell per backend runs first.
+``parsing``.
+
+Backends are alternated per N with a rotating start so machine drift hits all of them alike;
+one untimed-in-the-table warm-up cell per backend runs first.
+
+``--conflist FILE [--plugin-dir DIR]`` measures your own chain instead of the built-in one
+(sections latency, concurrency, parsing): exec'd from DIR (backend ``exec``), and with pycni's
+plugins in-process or exec'd where every type in it is built into pycni.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file from anywhere
 
-from bench import backends, machine, measure, memory, parsing, report
+from bench import backends, machine, measure, memory, parsing, report, shim
 from bench.session import PREFIX, Session, claim_run, install_signal_handlers
+from pycni.errors import CNIError
 
 SECTIONS = ("latency", "overhead", "concurrency", "memory", "parsing")
+CONFLIST_SECTIONS = ("latency", "concurrency", "parsing")  # the others are about the built-in chain
 SCHEMA = 1
 
 
@@ -59,17 +67,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="N in 1,10,100 (overrides --n)")
     p.add_argument("--n", type=_ints, default=[1, 10, 100, 1000], help="containers per cell (default 1,10,100,1000)")
-    p.add_argument("--backends", type=_names(backends.BACKENDS), default=list(backends.BACKENDS))
+    every = tuple(dict.fromkeys(backends.BACKENDS + backends.CONFLIST_BACKENDS))
+    p.add_argument(
+        "--backends",
+        type=_names(every),
+        help=f"default {','.join(backends.BACKENDS)}; with --conflist {','.join(backends.CONFLIST_BACKENDS)}",
+    )
+    p.add_argument("--conflist", metavar="FILE", help="measure this conflist instead of the built-in chain")
+    p.add_argument(
+        "--plugin-dir",
+        default=backends.REFERENCE_DIR,
+        metavar="DIR",
+        help=f"where the exec backend finds the conflist's plugins (default {backends.REFERENCE_DIR})",
+    )
     p.add_argument("--json", metavar="PATH", help="write the results here")
-    p.add_argument("--sections", type=_names(SECTIONS), default=list(SECTIONS))
+    p.add_argument(
+        "--sections", type=_names(SECTIONS), help=f"default all; with --conflist {','.join(CONFLIST_SECTIONS)}"
+    )
     p.add_argument("--overhead-samples", type=int, default=20, metavar="K")
+    p.add_argument("--shim-samples", type=int, default=200, metavar="K", help="execs per shim measurement")
     p.add_argument("--concurrency-n", type=int, default=100, metavar="N")
     p.add_argument("--concurrency-workers", type=_ints, default=[1, 4, 16], metavar="LIST")
     p.add_argument(
         "--concurrency-backends",
-        type=_names(backends.BACKENDS),
-        default=["pycni-inprocess", "reference-exec"],
+        type=_names(every),
         metavar="LIST",
+        help="default pycni-inprocess,reference-exec; with --conflist exec,pycni-inprocess",
     )
     p.add_argument(
         "--memory-backends",
@@ -98,6 +121,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--json {args.json}: its directory does not exist or is not writable")  # fail before, not after, a run
     if args.quick:
         args.n = [1, 10, 100]
+    args.workload = backends.DEFAULT
+    if args.conflist:
+        try:
+            args.workload = backends.load_workload(args.conflist, args.plugin_dir)
+        except (OSError, CNIError) as e:
+            p.error(f"--conflist {args.conflist}: {e}")
+        wrong = [s for s in args.sections or () if s not in CONFLIST_SECTIONS]
+        if wrong:
+            only = ",".join(CONFLIST_SECTIONS)
+            p.error(f"--sections {','.join(wrong)}: these measure the built-in chain (with --conflist: {only})")
+    defaults = (backends.CONFLIST_BACKENDS, CONFLIST_SECTIONS, ["exec", "pycni-inprocess"])
+    if not args.conflist:
+        defaults = (backends.BACKENDS, SECTIONS, ["pycni-inprocess", "reference-exec"])
+    args.backends = args.backends or list(defaults[0])
+    args.sections = args.sections or list(defaults[1])
+    args.concurrency_backends = args.concurrency_backends or list(defaults[2])
     return args
 
 
@@ -105,8 +144,9 @@ def _limits(text: str) -> dict[str, int]:
     out = {}
     for item in filter(None, text.split(",")):
         name, sep, value = item.partition("=")
-        if not sep or name not in backends.BACKENDS or not value.isdigit():
-            raise argparse.ArgumentTypeError(f"{item!r}: expected BACKEND=N with BACKEND in {list(backends.BACKENDS)}")
+        every = (*backends.BACKENDS, *backends.CONFLIST_BACKENDS)
+        if not sep or name not in every or not value.isdigit():
+            raise argparse.ArgumentTypeError(f"{item!r}: expected BACKEND=N with BACKEND in {list(every)}")
         out[name] = int(value)
     return out
 
@@ -124,10 +164,10 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
     """Fill ``doc`` section by section (what finished stays there if a later section fails)."""
     available: dict[str, backends.Backend] = {}
     for name in args.backends:
-        why = backends.problem(name)
+        why = backends.problem(name, args.workload)
         if why is None:
             try:
-                available[name] = backends.backend(name, session.root)
+                available[name] = backends.backend(name, session.root, session.on_close, args.workload)
             except (OSError, ValueError, ImportError) as e:
                 why = f"setup failed: {e}"
         if why is not None:
@@ -136,6 +176,18 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
     names = list(available)
     if not names:
         raise RuntimeError(f"no backend can run here: {doc['skipped']}")
+
+    if "latency" in args.sections and "pycni-daemon" in available:
+        daemon = available["pycni-daemon"]
+        doc["shim"] = shim.measure(
+            os.path.join(daemon.plugin_dir, "bridge"), daemon.socket, session.root, args.shim_samples
+        )
+        s = doc["shim"]
+        progress.line(
+            f"== shim: start-up (exec → first byte sent) p50 {s['startup']['p50_ms']:.2f} ms,"
+            f" VERSION round trip through the daemon p50 {s['version_round_trip']['p50_ms']:.2f} ms,"
+            f" bare interpreter (exec → exit) p50 {s['bare_interpreter']['p50_ms']:.2f} ms"
+        )
 
     if "latency" in args.sections:
         progress.line(f"== warm-up: one cell of 1 container per backend ({', '.join(names)})")
@@ -262,9 +314,12 @@ def main(argv: list[str] | None = None) -> int:
             "backends": args.backends,
             "max_n": args.max_n,
             "sections": args.sections,
-            "cni_version": backends.CNI_VERSION,
-            "chain": list(backends.CHAIN),
-            "subnet": str(backends.SUBNET),
+            "cni_version": args.workload.cni_version,
+            "chain": list(args.workload.chain),
+            "subnet": args.workload.subnet,
+            "conflist": os.path.abspath(args.conflist) if args.conflist else None,
+            "plugin_dir": args.plugin_dir if args.conflist else None,
+            "reference_backend": "exec" if args.conflist else "reference-exec",
             "host_port_base": backends.HOST_PORT_BASE,
             "container_port": backends.CONTAINER_PORT,
             "netavark_argv": [*backends.netavark_argv("<cell dir>/netavark"), "setup|teardown", "<container netns>"],
@@ -282,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": [],
         "memory": [],
         "parsing": [],
+        "shim": {},
     }
     status = 0
     started = time.monotonic()

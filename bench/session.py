@@ -28,7 +28,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pycni import netns
@@ -152,6 +152,11 @@ class Session:
         os.makedirs(self.root, exist_ok=True)
         self.disk_root = tempfile.mkdtemp(prefix=f"{self.prefix}cache-")
         self._cells = 0
+        self._closers: list[Callable[[], None]] = []
+
+    def on_close(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` first thing in :meth:`close` (e.g. stop a daemon the run started)."""
+        self._closers.append(fn)
 
     @contextlib.contextmanager
     def cell(self, label: str, n: int) -> Iterator[Cell]:
@@ -173,6 +178,8 @@ class Session:
     def close(self) -> list[str]:
         """Remove everything left; returns the namespaces the sweep had to remove."""
         with signals_ignored():
+            for fn in reversed(self._closers):
+                fn()
             join_netns_threads()
             leftovers = namespaces_with_prefix(self.prefix)
             for name in leftovers:

@@ -176,29 +176,28 @@ def dumps_compact(value: Any, *, sort_keys: bool = False) -> str:
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
-def go_escape(encoded: str) -> str:
-    """Apply Go's HTML-safe escaping to already-encoded JSON (those characters only occur in strings)."""
-    return encoded.translate(_GO_ESCAPES)
-
-
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _go(encoded: str) -> str:
-    # Python's json escapes exactly Go's control set (\b \f \n \r \t short, \u00xx lowercase);
-    # Go adds the HTML-safe escapes and coerces strings to valid UTF-8 (a lone surrogate, Python's
-    # stand-in for invalid UTF-8, becomes U+FFFD).
-    return _SURROGATE.sub("\ufffd", go_escape(encoded))
+def go_escape(encoded: str) -> str:
+    """What Go's encoder does beyond Python's to already-encoded JSON (``ensure_ascii=False``):
+    the HTML-safe escapes, and strings coerced to valid UTF-8 (a lone surrogate, Python's
+    stand-in for invalid UTF-8 or a ``\\ud800`` escape, becomes U+FFFD), so the text always encodes.
+
+    Python's json already escapes exactly Go's control set (``\\b \\f \\n \\r \\t`` short,
+    ``\\u00xx`` lowercase); these characters only occur inside strings.
+    """
+    return _SURROGATE.sub("\ufffd", encoded.translate(_GO_ESCAPES))
 
 
 def go_marshal(value: Any) -> str:
     """Go's ``json.Marshal`` for dicts (in struct field order), lists, str, int, bool, None."""
-    return _go(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    return go_escape(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
 
 
 def go_marshal_indent(value: Any) -> str:
     """Go's ``json.MarshalIndent(v, "", "\\t")``: tab indent, ``": "``, no trailing newline."""
-    return _go(json.dumps(value, ensure_ascii=False, indent="\t", separators=(",", ": ")))
+    return go_escape(json.dumps(value, ensure_ascii=False, indent="\t", separators=(",", ": ")))
 
 
 _SHORT = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}

@@ -144,7 +144,15 @@ class AutoBackend:
         return self._inprocess if plugin_type and builtin_plugin(plugin_type) is not None else self._exec
 
     def find(self, plugin_type: str, paths: Sequence[str]) -> str:
-        return self._pick(plugin_type).find(plugin_type, paths)
+        try:
+            return self._pick(plugin_type).find(plugin_type, paths)
+        except PluginNotFoundError as e:
+            if not plugin_type or not paths or "/" in plugin_type:
+                raise
+            where = " ".join(d for d in paths if d)
+            raise PluginNotFoundError(
+                f'plugin type "{plugin_type}" is neither built in nor found in path [{where}]', plugin=plugin_type
+            ) from e
 
     def run(self, plugin_type: str, request: PluginRequest) -> dict[str, Any] | None:
         return self._pick(plugin_type).run(plugin_type, request)

@@ -187,7 +187,11 @@ class PluginError(CNIError):
 
 
 class PluginNotFoundError(PluginError):
-    """No regular file named after the plugin type in any CNI_PATH directory."""
+    """No plugin of the type a network configuration names: not built in (in-process) or no
+    regular file of that name in any CNI_PATH directory (exec). The configuration cannot be
+    run on this host, hence "invalid network config"."""
+
+    default_code = ErrorCode.INVALID_NETWORK_CONFIG
 
 
 class PluginTimeoutError(PluginError):

@@ -22,7 +22,7 @@ from typing import Any, TypedDict
 import attrs
 
 from . import _json
-from .errors import CNIError, PluginError, PluginNotFoundError, PluginTimeoutError, ResultError
+from .errors import CNIError, ErrorCode, PluginError, PluginNotFoundError, PluginTimeoutError, ResultError
 from .plugin import PARENT_PID_ENV, PluginRequest
 
 __all__ = [
@@ -74,7 +74,7 @@ def find_plugin(plugin_type: str, paths: Sequence[str]) -> str:
         raise PluginNotFoundError(f"invalid plugin name: {plugin_type}")
     dirs = [d for d in paths if d]
     if not dirs:
-        raise PluginNotFoundError("no paths provided", plugin=plugin_type)
+        raise PluginNotFoundError("no paths provided", plugin=plugin_type, code=ErrorCode.INVALID_ENVIRONMENT_VARIABLES)
     for directory in dirs:
         candidate = os.path.join(directory, plugin_type)
         try:

@@ -7,21 +7,39 @@ creates one by accident (``O_CREAT`` is never used on a netns path).
 
 :func:`create`/:func:`remove` and :class:`Throwaway` make named namespaces for the demo, tests
 and benchmarks; they import pyroute2 lazily.
+
+:func:`bound` makes a namespace *path* stand for an already open fd within the current context
+(copied into :func:`run_in`'s workers): ``pycni serve`` acts in exactly the namespace its caller
+opened, while the plugin still sees, and reports, the path it was given.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import ctypes
 import errno
 import fcntl
 import os
 import secrets
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any, TypeVar
 
-__all__ = ["NetnsError", "entered", "run_in", "open_netns", "is_netns", "create", "remove", "Throwaway", "RUN_DIR"]
+__all__ = [
+    "NetnsError",
+    "entered",
+    "run_in",
+    "open_netns",
+    "is_netns",
+    "bound",
+    "identity",
+    "create",
+    "remove",
+    "Throwaway",
+    "RUN_DIR",
+]
 
 CLONE_NEWNET = 0x40000000
 _NS_GET_NSTYPE = 0xB703  # linux/nsfs.h: _IO(0xb7, 0x3)
@@ -30,6 +48,8 @@ _SELF = "/proc/thread-self/ns/net"
 T = TypeVar("T")
 
 _libc: ctypes.CDLL | None = None
+# path -> an open namespace fd, or the errno opening the path failed with (see bound()).
+_bound: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar("pycni_netns", default=MappingProxyType({}))
 
 
 class NetnsError(OSError):
@@ -52,6 +72,12 @@ def open_netns(path: str | int) -> int:
     would otherwise block the open forever (with the container's lock held). Anything but a
     network namespace, such as the empty file a namespace was bind-mounted on before a reboot,
     is ``EINVAL``."""
+    if isinstance(path, str):
+        target = _bound.get().get(path)
+        if target is not None:
+            if target < 0:
+                raise NetnsError(-target, f"failed to open netns {path!r}: {os.strerror(-target)}")
+            path = target  # the namespace the caller opened for this path (see bound())
     try:
         fd = os.dup(path) if isinstance(path, int) else os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
@@ -76,6 +102,31 @@ def is_netns(path: str) -> bool:
     except NetnsError:
         return False
     return True
+
+
+@contextlib.contextmanager
+def bound(path: str, fd: int | None, error: int = 0) -> Iterator[None]:
+    """Within the block (and the :func:`run_in` workers it starts), opening ``path`` gives a
+    duplicate of ``fd`` — or, with ``fd`` None, fails with ``error`` as opening the path did."""
+    if fd is None and not error:
+        raise ValueError("bound() needs an fd or an errno")
+    token = _bound.set({**_bound.get(), path: fd if fd is not None else -error})
+    try:
+        yield
+    finally:
+        _bound.reset(token)
+
+
+def identity(path: str) -> tuple[int, int]:
+    """``(st_dev, st_ino)`` of the namespace ``path`` names (through :func:`bound` if bound)."""
+    target = _bound.get().get(path)
+    if target is None:
+        st = os.stat(path)
+    elif target >= 0:
+        st = os.fstat(target)
+    else:
+        raise NetnsError(-target, os.strerror(-target))
+    return st.st_dev, st.st_ino
 
 
 @contextlib.contextmanager
@@ -118,7 +169,8 @@ def run_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: A
             raised.append(e)
 
     try:
-        worker = threading.Thread(target=body, name=f"netns:{path}", daemon=True)
+        context = contextvars.copy_context()
+        worker = threading.Thread(target=context.run, args=(body,), name=f"netns:{path}", daemon=True)
         worker.start()
         worker.join()
     finally:

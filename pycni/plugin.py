@@ -4,14 +4,19 @@ A plugin gets the same :class:`PluginRequest` whether the runtime called it in-p
 exec'd as a binary (``pycni_plugins.skel`` decodes env + stdin into one), so both paths are one
 code path inside the plugin. In-process plugins are found through the ``pycni.plugins`` entry
 point group, keyed by CNI type.
+
+A plugin reads its environment through :func:`environ`: the process's, or — inside
+:func:`environment`, as ``pycni serve`` runs each request — the one its caller had.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 from typing import Any
 
@@ -30,6 +35,8 @@ __all__ = [
     "builtin_plugins",
     "builtin_plugin",
     "delegate",
+    "environ",
+    "environment",
     "validate_container_id",
     "validate_ifname",
     "validate_attachment_key",
@@ -78,6 +85,26 @@ def validate_attachment_key(network: str, container_id: str, ifname: str) -> Non
             f"<network>-<containerID>-<ifname> must fit in {_NAME_MAX} bytes (a file name); "
             f"the containerID has {len(container_id)}",
         )
+
+
+_environ: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "pycni_plugin_environ", default=None
+)
+
+
+def environ() -> Mapping[str, str]:
+    """The environment of the current plugin invocation (``os.environ`` unless :func:`environment`)."""
+    return _environ.get() or os.environ
+
+
+@contextlib.contextmanager
+def environment(env: Mapping[str, str]) -> Iterator[None]:
+    """Plugins called within the block (and their :func:`pycni.netns.run_in` workers) see ``env``."""
+    token = _environ.set(env)
+    try:
+        yield
+    finally:
+        _environ.reset(token)
 
 
 def parse_cni_args(text: str) -> list[tuple[str, str]]:
@@ -256,13 +283,14 @@ class Plugin:
 
 
 def _is_own_netns(path: str) -> bool:
-    if os.environ.get("CNI_NETNS_OVERRIDE") == "1":
+    if environ().get("CNI_NETNS_OVERRIDE") == "1":
         return False
+    from . import netns  # the plugins have it loaded; the runtime need not
+
     try:
-        a, b = os.stat(path), os.stat("/proc/thread-self/ns/net")
+        return netns.identity(path) == netns.identity("/proc/thread-self/ns/net")
     except OSError:
         return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 @cache
@@ -303,7 +331,7 @@ def delegate(
     request's ``CNI_PATH``. ADD returns the delegate's result object.
     """
     if not plugin_type:
-        raise PluginNotFoundError("no plugin name provided")
+        raise PluginNotFoundError("no plugin name provided", code=ErrorCode.INTERNAL)
     sub = attrs.evolve(request, command=command or request.command)
     plugin = builtin_plugin(plugin_type)
     if plugin is not None:
@@ -315,4 +343,8 @@ def delegate(
             raise PluginError(str(e) or type(e).__name__, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
     from .invoke import exec_plugin
 
-    return exec_plugin(plugin_type, sub, timeout=timeout)
+    try:
+        return exec_plugin(plugin_type, sub, timeout=timeout, env=environ())
+    except PluginNotFoundError as e:
+        # Inside a plugin a missing delegate is the plugin's own failure (999), as in Go.
+        raise PluginNotFoundError(e.msg, e.details, code=ErrorCode.INTERNAL, plugin=plugin_type) from e

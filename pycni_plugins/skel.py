@@ -25,6 +25,7 @@ Usage: ``python -m pycni_plugins.skel <type>`` or :func:`main` from a generated 
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import os
 import re
@@ -44,7 +45,7 @@ from pycni.plugin import (
     validate_container_id,
 )
 
-__all__ = ["run", "main"]
+__all__ = ["run", "respond", "error_output", "main"]
 
 _REQUIRED = (
     ("CNI_COMMAND", ("ADD", "CHECK", "DEL", "GC", "STATUS", "VERSION")),
@@ -96,6 +97,11 @@ def _request(env: Mapping[str, str], stdin: bytes) -> PluginRequest:
         args=env.get("CNI_ARGS", ""),
         path=path,
     )
+
+
+def error_output(error: CNIError) -> bytes:
+    """``error`` as a plugin prints it on stdout (exit status 1)."""
+    return _dump(error.to_json(), sort=False).encode("utf-8", "surrogateescape")
 
 
 def run(plugin: Plugin, env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
@@ -179,22 +185,33 @@ def _die_with_parent() -> None:
     threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
-def main(plugin_type: str, target: str | None = None) -> NoReturn:
+def respond(plugin: Plugin | None, plugin_type: str, env: Mapping[str, str], stdin: bytes) -> tuple[int, bytes]:
+    """The exit status and stdout bytes of one invocation of ``plugin`` (``None``: not built in).
+
+    The text is encoded as UTF-8, with the undecodable bytes of the environment restored
+    (``surrogateescape``), whatever the locale: what the exec'd plugin and ``pycni serve``
+    answer is the same bytes.
+    """
+    if plugin is None:
+        return 1, error_output(_error(f"unknown built-in plugin {plugin_type!r}", ErrorCode.INTERNAL))
+    out = io.StringIO()
+    status = run(plugin, env, stdin, out)
+    return status, out.getvalue().encode("utf-8", "surrogateescape")
+
+
+def main(plugin_type: str, target: str | None = None, stdin: bytes | None = None) -> NoReturn:
     """Entry point of an installed plugin script: exits with the CNI exit status.
 
     ``target`` (``module:Class``, resolved from the entry point at install time) spares the
-    entry-point scan, which imports every built-in plugin (~40 ms). It leaves through
-    ``os._exit`` once stdout is flushed: a one-shot plugin has nothing to finalise, and
-    interpreter teardown would only add milliseconds to every call.
+    entry-point scan, which imports every built-in plugin (~40 ms). ``stdin`` is the request
+    when the caller has read it already (a shim falling back to running the plugin itself).
+    It leaves through ``os._exit`` once stdout is written: a one-shot plugin has nothing to
+    finalise, and interpreter teardown would only add milliseconds to every call.
     """
     _die_with_parent()
     plugin = _load(target) if target else builtin_plugin(plugin_type)
-    if plugin is None:
-        error = _error(f"unknown built-in plugin {plugin_type!r}", ErrorCode.INTERNAL)
-        sys.stdout.write(_dump(error.to_json(), sort=False))
-        status = 1
-    else:
-        status = run(plugin, os.environ, sys.stdin.buffer.read(), sys.stdout)
+    status, out = respond(plugin, plugin_type, os.environ, sys.stdin.buffer.read() if stdin is None else stdin)
+    sys.stdout.buffer.write(out)
     sys.stdout.flush()
     os._exit(status)
 

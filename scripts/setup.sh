@@ -4,7 +4,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="iproute2 nftables python3-nftables python3-venv iptables containernetworking-plugins netavark procps"
+APT_PACKAGES="iproute2 nftables python3-nftables python3-venv iptables containernetworking-plugins netavark procps podman containerd runc busybox-static"
 missing=""
 for p in $APT_PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -23,7 +23,7 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import nftables' 2>/dev/n
 fi
 stamp=.venv/.pycni-installed
 if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,bench,lint]"
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,fuzz,bench,lint]"
     touch "$stamp"
 fi
 .venv/bin/python -c 'import nftables, pyroute2, attrs, click, hypothesis' 

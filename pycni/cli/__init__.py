@@ -20,6 +20,8 @@ class _Group(Group):
         "nomad": ("pycni.cli.nomad", "nomad"),
         "demo": ("pycni.cli.demo", "demo"),
         "plugins": ("pycni.cli.plugins", "plugins"),
+        "serve": ("pycni.cli.serve", "serve"),
+        "fuzz": ("pycni.cli.fuzz", "fuzz"),
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -27,13 +27,20 @@ def list_plugins() -> None:
 @plugins.command()
 @click.argument("directory", type=click.Path(file_okay=False))
 @click.option("--type", "types", multiple=True, metavar="TYPE", help="Only these types (repeatable).")
-def install(directory: str, types: tuple[str, ...]) -> None:
+@click.option(
+    "--socket",
+    "socket_path",
+    default=None,
+    help="The `pycni serve` socket the shims use when PYCNI_SOCKET is unset [default /run/pycni/pycni.sock].",
+)
+def install(directory: str, types: tuple[str, ...], socket_path: str | None) -> None:
     """Write an executable per plugin type into DIRECTORY (e.g. /opt/cni/bin) for libcni,
-    cnitool, containerd, Nomad or podman to exec."""
+    cnitool, containerd, Nomad or podman to exec: a shim handing each call to `pycni serve`,
+    or running the plugin itself when no daemon answers."""
     from pycni_plugins.install import install as do_install
 
     try:
-        written = do_install(directory, types or None)
+        written = do_install(directory, types or None, socket=socket_path)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--type") from None
     for path in written:

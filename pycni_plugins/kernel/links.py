@@ -48,6 +48,7 @@ __all__ = [
     "ensure_bridge",
     "add_veth",
     "add_link",
+    "call",
     "set_up",
     "set_down",
     "set_mac",
@@ -98,6 +99,12 @@ def _call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return method(*args, **kwargs)
     except NetlinkError as e:
         raise _error(e.code) from None
+
+
+def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Any other pyroute2 request (rules, route dumps and copies), a kernel error raised as
+    :class:`LinkError`."""
+    return _call(method, *args, **kwargs)
 
 
 @contextmanager
@@ -289,9 +296,12 @@ def add_veth(
     _call(ipr.link, "add", kind="veth", peer=peer, **host)
 
 
-def add_link(ipr: IPRoute, name: str, kind: str, *, mtu: int = 0, txqlen: int | None = None, up: bool = False) -> None:
-    """One RTM_NEWLINK for a device of ``kind`` that needs no more than these attributes (ifb)."""
-    spec: dict[str, Any] = {"ifname": name, "kind": kind}
+def add_link(
+    ipr: IPRoute, name: str, kind: str, *, mtu: int = 0, txqlen: int | None = None, up: bool = False, **extra: Any
+) -> None:
+    """One RTM_NEWLINK for a device of ``kind``; ``extra`` are further pyroute2 link attributes
+    (``link`` for a master, ``net_ns_fd``, ``address``, the kind's own such as ``vlan_id``)."""
+    spec: dict[str, Any] = {"ifname": name, "kind": kind, **extra}
     if mtu > 0:
         spec["mtu"] = mtu
     if txqlen is not None:

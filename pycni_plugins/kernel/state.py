@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any, Literal, overload
 
 from pycni._fs import check_private_dir
+from pycni.plugin import environ
 
 __all__ = ["DEFAULT_STATE_DIR", "state_dir", "Records"]
 
@@ -26,7 +27,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def state_dir() -> str:
-    return os.environ.get("PYCNI_STATE_DIR") or DEFAULT_STATE_DIR
+    return environ().get("PYCNI_STATE_DIR") or DEFAULT_STATE_DIR
 
 
 def _check_name(name: str) -> str:

@@ -46,6 +46,7 @@ def test_harness_runs_every_section_and_leaves_nothing(workdir: Path) -> None:
         "--n", "1",
         "--backends", ",".join(names),
         "--overhead-samples", "2",
+        "--shim-samples", "3",
         "--concurrency-n", "2",
         "--concurrency-workers", "1,2",
         "--parse-time", "0.005",
@@ -70,6 +71,8 @@ def test_harness_runs_every_section_and_leaves_nothing(workdir: Path) -> None:
         assert cell["open_fds_delta"] <= 0, (name, cell["open_fds_new"])
         assert not cell["threads_left"], (name, cell["threads_left"])
     assert doc["overhead"]["samples"] == 2 and "p50_ms" in doc["overhead"]["accounted"]
+    if "pycni-daemon" in names:
+        assert doc["shim"]["samples"] == 3 and doc["shim"]["startup"]["p50_ms"] > 0
     assert {(c["backend"], c["workers"]) for c in doc["concurrency"]} >= {("reference-exec", 1), ("reference-exec", 2)}
     for c in doc["concurrency"]:
         assert c["add"]["distinct_addresses"], c

@@ -170,3 +170,21 @@ def test_a_fifo_as_the_container_netns_fails_add_and_del_within_a_second(backend
     finally:
         for _ in range(10):
             _release(fifo)
+
+
+def test_a_bound_path_opens_the_bound_namespace_here_and_in_run_in_workers(make_netns, tmp_path):
+    a, b = make_netns("a"), make_netns("b")
+    fd = os.open(b.path, os.O_RDONLY)
+    try:
+        with netns.bound(a.path, fd):
+            assert netns.identity(a.path) == netns.identity(b.path)
+            assert netns.run_in(a.path, own) == netns.run_in(b.path, own)
+            inner = netns.run_in(a.path, lambda: netns.identity(a.path))  # the binding goes with it
+            assert inner == netns.identity(b.path)
+        assert netns.run_in(a.path, own) != netns.run_in(b.path, own)
+        gone = str(tmp_path / "gone")
+        with netns.bound(gone, None, 2), pytest.raises(netns.NetnsError) as failed:
+            netns.open_netns(gone)
+        assert failed.value.errno == 2 and "No such file or directory" in str(failed.value)
+    finally:
+        os.close(fd)

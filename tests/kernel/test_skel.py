@@ -118,6 +118,16 @@ def test_errors_are_cni_error_json(bindir, env, stdin, code, msg):
         assert err["msg"] == msg
 
 
+def test_a_lone_surrogate_in_an_error_is_printed_as_go_does(bindir):
+    """A ``\\ud800`` escape in the config reaches the message; it is printed as U+FFFD (Go's
+    encoder), not a UnicodeEncodeError traceback with nothing on stdout (found by pycni fuzz)."""
+    env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "a", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"}
+    rc, out = _run(bindir, "host-local", env, '{"name": "n", "cniVersion": "\\ud800"}')
+    err = json.loads(out)
+    assert rc == 1 and err["code"] == 1 and err["msg"] == "incompatible CNI versions"
+    assert err["details"].startswith('config is "\ufffd", plugin supports')
+
+
 def test_exec_add_check_del(bindir, host, make_netns, kit, tmp_path):
     ctr = make_netns("c")
     fd = os.open(ctr.path, os.O_RDONLY)

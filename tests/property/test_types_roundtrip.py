@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pycni.strategies import any_results, current_results, results_020, results_040, short_interfaces
 from pycni.types import IPConfig, Result, Route, convert, parse_result
 
-from .strategies import SETTINGS, any_results, current_results, results_020, results_040, short_interfaces
+SETTINGS = settings(max_examples=200, deadline=None, database=None)
 
 
 @SETTINGS

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pycni.errors import ResultError
+from pycni.strategies import json_values, mutated_results, text_field_mutations
 from pycni.types import convert, parse_result
 
-from .strategies import SETTINGS, json_values, mutated_results, text_field_mutations
+SETTINGS = settings(max_examples=200, deadline=None, database=None)
 
 VERSIONS = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
 config_versions = st.none() | st.sampled_from(["", "9.9.9", *VERSIONS])

@@ -154,6 +154,17 @@ def test_cli_does_not_import_pyroute2_for_runtime_verbs(env):
     subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True)
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["fuzz", "--help"]])
+def test_help_imports_neither_hypothesis_nor_pyroute2(env, argv):
+    code = (
+        f"import sys; from pycni.cli import main; sys.argv=['pycni', *{argv!r}]\ntry: main()\nexcept SystemExit: pass\n"
+        "heavy = [m for m in ('hypothesis', 'pyroute2') if m in sys.modules]\nassert not heavy, heavy"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "fuzz" in proc.stdout
+
+
 def test_gc_reconcile_prints_its_report_and_dry_run_changes_nothing(env, fake_plugins):
     run(["add", "testnet", "/run/netns/does-not-exist"], env)
     dry = run(["gc", "testnet", "--reconcile", "--dry-run"], env)
@@ -165,6 +176,27 @@ def test_gc_reconcile_prints_its_report_and_dry_run_changes_nothing(env, fake_pl
     assert real["staleAttachments"] and not real["dryRun"]
     assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()][2:] == ["DEL", "DEL", "GC", "GC"]
     assert run(["gc", "testnet", "--dry-run"], env).exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "backend, message",
+    [
+        ("auto", 'plugin type "no-such-type" is neither built in nor found in path [{dir}]'),
+        ("exec", 'failed to find plugin "no-such-type" in path [{dir}]'),
+        ("inprocess", 'plugin type "no-such-type" is not built in'),
+    ],
+)
+def test_a_plugin_type_neither_built_in_nor_on_cni_path_is_a_config_error(
+    env, fake_plugins, tmp_path, backend, message
+):
+    confdir = tmp_path / "net.d"
+    (confdir / "05-absent.conflist").write_text(
+        json.dumps({"cniVersion": "1.0.0", "name": "absentnet", "plugins": [{"type": "no-such-type"}]})
+    )
+    out = CliRunner().invoke(cli, ["add", "absentnet", "/run/netns/x"], env=env | {"PYCNI_BACKEND": backend})
+    assert out.exit_code == 1
+    expected = message.format(dir=fake_plugins.dir)
+    assert out.output.strip() == f'pycni: error (code 7): plugin type="no-such-type" failed (add): {expected}'
 
 
 @pytest.mark.parametrize("value", ["nan", "-1", "0", "inf"])

@@ -1,0 +1,53 @@
+"""``pycni serve``: the daemon behind the installed shims (imported only by this verb)."""
+
+from __future__ import annotations
+
+import click
+
+__all__ = ["serve"]
+
+
+@click.command()
+@click.option(
+    "--socket",
+    "socket_path",
+    envvar="PYCNI_SOCKET",
+    default=None,
+    help="Unix socket to serve on [$PYCNI_SOCKET; default /run/pycni/pycni.sock]; a socket "
+    "passed by systemd (LISTEN_FDS) wins.",
+)
+@click.option("--check", is_flag=True, help="Only tell whether a daemon answers on the socket (exit 0 if so).")
+@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Requests run at once.")
+@click.option(
+    "--queue", type=click.IntRange(0, 4096), default=64, show_default=True, help="Requests that may wait for a worker."
+)
+@click.option(
+    "--wait",
+    type=click.FloatRange(0),
+    default=10.0,
+    show_default=True,
+    help="Seconds a request waits for a worker before 'try again later' (CNI error 11).",
+)
+@click.option(
+    "--drain",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="Seconds running requests get to finish on SIGTERM.",
+)
+def serve(socket_path: str | None, check: bool, workers: int, queue: int, wait: float, drain: float) -> None:
+    """Run the built-in plugins for the shims `pycni plugins install` writes (foreground, logs to
+    stderr, one line per request). SIGTERM stops accepting, lets running requests finish and
+    removes the socket."""
+    from pycni_plugins.serve import socket_path as resolve
+
+    path = resolve(socket_path)
+    if check:
+        from pycni_plugins.serve.daemon import check as do_check
+
+        ok, line = do_check(path)
+        click.echo(line, err=not ok)
+        raise SystemExit(0 if ok else 1)
+    from pycni_plugins.serve.daemon import Limits, run
+
+    run(path, Limits(workers=workers, queue=queue, wait=wait, drain=drain))

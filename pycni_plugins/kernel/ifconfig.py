@@ -1,0 +1,128 @@
+"""An IPAM result applied to, and checked against, one interface (the reference's ``pkg/ipam``
+``ConfigureIface`` and ``pkg/ip`` ``ValidateExpected*``), in the calling thread's namespace.
+
+The plugins that hand a whole interface to the container (macvlan, ipvlan, vlan, host-device)
+share these; container-side callers run them inside :func:`pycni.netns.run_in`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import socket
+from collections.abc import Iterable
+
+from pycni.errors import CNIError, ErrorCode
+from pycni.types import IPConfig, Result, Route
+
+from . import links, sysctl
+
+__all__ = ["configure_iface", "check_ips", "check_routes", "default_route_link"]
+
+
+def _fail(msg: str) -> CNIError:
+    return CNIError(msg, code=ErrorCode.INTERNAL)
+
+
+def configure_iface(ifname: str, result: Result) -> None:
+    """Addresses (those whose ``interface`` names ``ifname``), link up, then routes; a route
+    without a gateway uses the first gateway of its family. IPv6 gets ``disable_ipv6=0`` on
+    ``lo`` and the interface and ``keep_addr_on_down=1``, and waits for DAD to settle when a
+    gateway is IPv6."""
+    if not result.interfaces:
+        raise _fail("no interfaces to configure")
+    index = links.ifindex(ifname)
+    if index is None:
+        raise _fail(f'failed to lookup "{ifname}": Link not found')
+    gateways: dict[int, str] = {}
+    v6_enabled = False
+    with links.iproute() as ipr:
+        for ip in result.ips:
+            if ip.interface is None:
+                continue
+            if not 0 <= ip.interface < len(result.interfaces) or result.interfaces[ip.interface].name != ifname:
+                raise _fail(f'failed to add IP addr {ip.address} to "{ifname}": invalid interface index')
+            if ip.address.version == 6 and not v6_enabled:
+                for name in ("lo", ifname):
+                    with contextlib.suppress(OSError):  # unreadable: the reference logs and goes on
+                        sysctl.ensure(f"net/ipv6/conf/{name}/disable_ipv6", 0)
+                try:
+                    sysctl.write(f"net/ipv6/conf/{ifname}/keep_addr_on_down", 1)
+                except OSError as e:
+                    raise _fail(f'failed to enable keep_addr_on_down for interface "{ifname}": {e.strerror}') from e
+                v6_enabled = True
+            try:
+                links.add_address(ipr, index, ip.address)
+            except links.LinkError as e:
+                raise _fail(f'failed to add IP addr {ip.address} to "{ifname}": {e.strerror}') from e
+            if ip.gateway is not None:
+                gateways.setdefault(ip.gateway.version, str(ip.gateway))
+        try:
+            links.set_up(ipr, index)
+        except links.LinkError as e:
+            raise _fail(f'failed to set "{ifname}" UP: {e.strerror}') from e
+        if 6 in gateways:
+            try:
+                links.wait_dad(ipr, index)
+            except links.LinkError as e:
+                raise _fail(f'failed to settle addresses for "{ifname}": {e.strerror}') from e
+        for route in result.routes:
+            gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
+            try:
+                links.add_route(
+                    ipr, index, route.dst.network, gw, priority=route.priority, table=route.table, scope=route.scope
+                )
+            except links.LinkError as e:
+                raise _fail(
+                    f"failed to add route '{route.dst.network} via {gw} dev {ifname} metric {route.priority}': "
+                    f"{e.strerror}"
+                ) from e
+
+
+def check_ips(ifname: str, ips: Iterable[IPConfig]) -> None:
+    """Each address is on ``ifname`` and a main-table route to its prefix exists."""
+    with links.iproute() as ipr:
+        index = links.ifindex(ifname)
+        if index is None:
+            raise _fail(f"Cannot find container link {ifname}")
+        have = {a for a, _ in links.addresses(ipr, index)}
+        for ip in ips:
+            if ip.address not in have:
+                raise _fail(f"Failed to match addr {ip.address} on interface {ifname}")
+            if not _has_route_to(ipr, ip.address.network):
+                raise _fail(f"Failed to find Gateway {ip.gateway} for interface {ifname}")
+
+
+def check_routes(routes: Iterable[Route]) -> None:
+    """Each route is in the main table: by destination (and gateway, if given); a default route
+    matches any default route, as the reference's lookup does."""
+    with links.iproute() as ipr:
+        for route in routes:
+            dst = route.dst.network
+            gw = None if route.gw is None or dst.prefixlen == 0 else route.gw
+            if not _has_route_to(ipr, dst, gw):
+                raise _fail(f"Expected Route {route.to_json()} not found in routing table")
+
+
+def _has_route_to(ipr: links.IPRoute, dst: ipaddress.IPv4Network | ipaddress.IPv6Network, gw: object = None) -> bool:
+    family = socket.AF_INET if dst.version == 4 else socket.AF_INET6
+    for msg in ipr.route("dump", family=family, table=links.RT_TABLE_MAIN):
+        if msg["dst_len"] != dst.prefixlen:
+            continue
+        have = msg.get("dst")
+        if have is not None and ipaddress.ip_network(f"{have}/{dst.prefixlen}", strict=False) != dst:
+            continue
+        if gw is not None and (msg.get("gateway") is None or ipaddress.ip_address(msg["gateway"]) != gw):
+            continue
+        return True
+    return False
+
+
+def default_route_link(ipr: links.IPRoute) -> links.Link | None:
+    """The link of the first default route (IPv4, then IPv6) in the main table, if any."""
+    for family in (socket.AF_INET, socket.AF_INET6):
+        for msg in ipr.route("dump", family=family, table=links.RT_TABLE_MAIN):
+            oif = msg.get("oif")
+            if msg["dst_len"] == 0 and oif:
+                return links.get_link(ipr, index=oif)
+    return None

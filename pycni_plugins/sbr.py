@@ -1,0 +1,268 @@
+"""sbr: source-based routing for the container interface (the reference meta plugin's semantics).
+
+Chained after an interface plugin. For each of the prevResult's addresses on ``CNI_IFNAME``:
+a rule ``from <ip>/32 (or /128) lookup <table>`` with the kernel's default priority, a default
+route via the address's gateway in that table, and the interface's main-table routes that
+belong to the address (source or gateway inside its subnet, or neither set) copied there; the
+interface's main-table routes are then deleted, so the rules decide. Tables are the first ones
+from 100 up that no rule uses. With ``table`` set (v1.9.1; absent in Debian's 1.1.1) only the
+rules are added, pointing at that table. DEL removes the rules whose source is an address of
+the interface (of ``table`` only, when set). Both hold an exclusive ``flock`` on the netns path
+while they work, as the reference does. CHECK, GC and STATUS do nothing, as upstream.
+
+Where pycni differs, on purpose: ADD validates the prevResult and ``table`` before changing
+anything, and undoes its rules and routes if a later step fails (the reference leaves what it
+had done); a DEL whose namespace is gone succeeds (the reference's lock would create a file at
+the vanished path, and its DEL fails).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import ipaddress
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+from pycni import netns
+from pycni.plugin import Plugin, PluginRequest
+from pycni.types import IPConfig, Result
+
+from ._common import Fields, emit, fail, in_netns, netns_gone, prev_result
+from .kernel import links
+
+__all__ = ["SbrPlugin"]
+
+FIRST_TABLE = 100
+_FAMILIES = (socket.AF_INET, socket.AF_INET6)
+
+
+def _table(request: PluginRequest) -> int | None:
+    f = Fields(request.config, "failed to parse network configuration")
+    if request.config.get("table") is None:
+        return None
+    table = f.integer("table")
+    if not 0 < table < 2**32:
+        raise fail(f"invalid table {table}: must be 1..4294967295")
+    return table
+
+
+def _ip_configs(request: PluginRequest) -> tuple[IPConfig, ...]:
+    prev = prev_result(request)
+    if prev is None:
+        raise fail("This plugin must be called as chained plugin")
+    if not prev.ips:
+        raise fail(f"No IP addresses supplied on interface: {request.ifname}")
+    out = []
+    for ip in prev.ips:
+        i = ip.interface
+        if i is not None and 0 <= i < len(prev.interfaces) and prev.interfaces[i].name != request.ifname:
+            continue
+        out.append(ip)
+    return tuple(out)
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[int]:
+    """The netns file, open and under the reference's lock (``flock(LOCK_EX)`` on it)."""
+    fd = netns.open_netns(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _rules(ipr: links.IPRoute) -> list[Any]:
+    return [r for family in _FAMILIES for r in links.call(ipr.get_rules, family=family)]
+
+
+def _rule_table(rule: Any) -> int:
+    return rule.get("table") or rule["table"]
+
+
+def _default_pref(ipr: links.IPRoute, family: int) -> int:
+    """The priority the kernel gives a rule sent without one (``fib_default_rule_pref``): one
+    below the second rule's. pyroute2 always sends a priority, so it is computed here."""
+    prefs = sorted(r.get("priority") or 0 for r in links.call(ipr.get_rules, family=family))
+    return prefs[1] - 1 if len(prefs) > 1 and prefs[1] else 0
+
+
+def _add_rule(ipr: links.IPRoute, ip: ipaddress.IPv4Address | ipaddress.IPv6Address, table: int) -> dict[str, Any]:
+    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    spec = {
+        "family": family,
+        "table": table,
+        "src": str(ip),
+        "src_len": ip.max_prefixlen,
+        "priority": _default_pref(ipr, family),
+    }
+    links.call(ipr.rule, "add", **spec)
+    return spec
+
+
+def _route_spec(msg: Any) -> dict[str, Any]:
+    """A dumped route as the attributes that identify and re-create it."""
+    spec: dict[str, Any] = {
+        "family": msg["family"],
+        "dst_len": msg["dst_len"],
+        "proto": msg["proto"],
+        "scope": msg["scope"],
+        "type": msg["type"],
+        "table": msg.get("table") or msg["table"],
+    }
+    for key in ("dst", "gateway", "prefsrc", "oif", "priority"):
+        value = msg.get(key)
+        if value is not None:
+            spec[key] = value
+    return spec
+
+
+def _inside(net: Any, addr: str | None) -> bool:
+    return addr is not None and ipaddress.ip_address(addr) in net
+
+
+def _free_table(used: set[int], start: int) -> int:
+    table = start
+    while table in used:
+        table += 1
+    return table
+
+
+def _add(ifname: str, ips: tuple[IPConfig, ...], table: int | None) -> None:
+    undo: list[tuple[str, dict[str, Any]]] = []
+    with links.iproute() as ipr:
+        try:
+            if table is not None:
+                for ip in ips:
+                    try:
+                        undo.append(("rule", _add_rule(ipr, ip.address.ip, table)))
+                    except links.LinkError as e:
+                        raise fail(f"failed to add rule: {e.strerror}") from e
+                return
+            _add_with_routes(ipr, ifname, ips, undo)
+        except BaseException:
+            for what, spec in reversed(undo):
+                with contextlib.suppress(Exception):
+                    if what == "rule":
+                        links.call(ipr.rule, "del", **spec)
+                    elif what == "route":
+                        links.call(ipr.route, "del", **spec)
+                    else:
+                        links.call(ipr.route, "replace", **spec)
+            raise
+
+
+def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...], undo: list[Any]) -> None:
+    # Tables in use: by a rule, or (as the reference's main-table route list can only show)
+    # the main table itself.
+    used = {_rule_table(r) for r in _rules(ipr)} | {links.RT_TABLE_MAIN}
+    table = _free_table(used, FIRST_TABLE)
+    index = links.ifindex(ifname)
+    if index is None:
+        raise fail(f"Cannot find network interface {ifname}: Link not found")
+    routes = [
+        _route_spec(m)
+        for family in _FAMILIES
+        for m in links.call(ipr.route, "dump", family=family, table=links.RT_TABLE_MAIN)
+        if m.get("oif") == index
+    ]
+    for ip in ips:
+        try:
+            undo.append(("rule", _add_rule(ipr, ip.address.ip, table)))
+        except links.LinkError as e:
+            raise fail(f"Failed to add rule: {e.strerror}") from e
+        if ip.gateway is not None:
+            default = {
+                "family": socket.AF_INET if ip.address.version == 4 else socket.AF_INET6,
+                "dst_len": 0,
+                "gateway": str(ip.gateway),
+                "table": table,
+                "oif": index,
+                "proto": links.RTPROT_BOOT,
+            }
+            try:
+                links.call(ipr.route, "add", **default)
+            except links.LinkError as e:
+                raise fail(f"Failed to add default route to {ip.gateway}: {e.strerror}") from e
+            undo.append(("route", default))
+        for route in routes:
+            if (
+                _inside(ip.address.network, route.get("prefsrc"))
+                or _inside(ip.address.network, route.get("gateway"))
+                or (route.get("prefsrc") is None and route.get("gateway") is None)
+            ):
+                copy = {**route, "table": table}
+                try:
+                    links.call(ipr.route, "replace", **copy)
+                except links.LinkError as e:
+                    raise fail(f"Failed to readd route: {e.strerror}") from e
+                undo.append(("route", copy))
+        used.add(table)
+        table = _free_table(used, table + 1)
+    for route in routes:
+        try:
+            links.call(ipr.route, "del", **route)
+        except links.LinkError as e:
+            raise fail(f"Failed to delete route: {e.strerror}") from e
+        undo.append(("restore", route))
+
+
+def _tidy(ifname: str, table: int | None) -> None:
+    with links.iproute() as ipr:
+        rules = [r for r in _rules(ipr) if table is None or _rule_table(r) == table]
+        index = links.ifindex(ifname)
+        if index is None:
+            return
+        mine = {a.ip for a, _ in links.addresses(ipr, index)}
+        errors = []
+        for rule in rules:
+            src = rule.get("src")
+            if src is None or ipaddress.ip_address(src) not in mine:
+                continue
+            try:
+                links.call(
+                    ipr.rule,
+                    "del",
+                    family=rule["family"],
+                    table=_rule_table(rule),
+                    src=src,
+                    src_len=rule["src_len"],
+                    priority=rule.get("priority") or 0,
+                )
+            except links.LinkError as e:
+                errors.append(f"Failed to delete rule {e.strerror}")
+        if errors:
+            raise fail(errors[-1])
+
+
+class SbrPlugin(Plugin):
+    type = "sbr"
+
+    def validate(self, request: PluginRequest) -> None:
+        _table(request)
+
+    def add(self, request: PluginRequest) -> dict[str, Any]:
+        table = _table(request)
+        ips = _ip_configs(request)
+        try:
+            with _locked(request.netns) as fd:
+                in_netns(fd, _add, request.ifname, ips, table)
+        except netns.NetnsError as e:
+            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+        prev = prev_result(request)
+        assert isinstance(prev, Result)
+        return emit(prev, request)
+
+    def delete(self, request: PluginRequest) -> None:
+        table = _table(request)
+        if not request.netns:
+            return
+        try:
+            with _locked(request.netns) as fd:
+                netns.run_in(fd, _tidy, request.ifname, table)
+        except netns.NetnsError as e:
+            if not netns_gone(e):
+                raise fail(str(e)) from e

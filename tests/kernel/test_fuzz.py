@@ -1,0 +1,147 @@
+"""``pycni fuzz`` against real plugins (one Go reference plugin, one of pycni's) and against
+small shell plugins that each break one rule of the contract.
+
+Every run is a subprocess, as a user runs it; it must leave no namespace or temp dir behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REFERENCE_PLUGIN_DIR
+
+pytestmark = pytest.mark.privileged
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="pycni-fuzz-test-") as path:
+        yield Path(path)
+
+
+def _ours() -> set[str]:
+    return {n for n in os.listdir("/run/netns") if n.startswith("pycni-fuzz-")} | {
+        n
+        for n in os.listdir(tempfile.gettempdir())
+        if n.startswith("pycni-fuzz-") and not n.startswith("pycni-fuzz-test")
+    }
+
+
+def _fuzz(workdir: Path, plugin: str, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run ``pycni fuzz`` as a user does; it leaves no namespace or temp dir behind."""
+    report = workdir / "report.json"
+    before = _ours()
+    argv = [sys.executable, "-m", "pycni.cli", "fuzz", plugin, "--json", str(report), *args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not _ours() - before, _ours() - before
+    return proc, json.loads(report.read_text())
+
+
+def _checks(doc: dict) -> list[str]:
+    return [v["check"] for v in doc["violations"]]
+
+
+@pytest.mark.reference
+def test_catches_the_reference_portmap_check_on_an_ipv4_only_attachment(workdir):
+    proc, doc = _fuzz(
+        workdir, f"{REFERENCE_PLUGIN_DIR}/portmap", "--commands", "ADD,CHECK", "--examples", "25", "--seed", "4"
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert _checks(doc) == ["check-after-add"]
+    violation = doc["violations"][0]
+    add, check = violation["steps"]
+    assert "could not check ipv6 dnat" in check["stdout"]
+    stdin = json.loads(add["stdin"])  # shrunk: one IPv4 address, one mapping
+    prev = stdin["prevResult"]
+    assert [ip["address"].count(".") for ip in prev["ips"]] == [3]
+    assert len(stdin["runtimeConfig"]["portMappings"]) == 1
+    assert check["shell"].startswith("printf '") and check["shell"].endswith(f"{REFERENCE_PLUGIN_DIR}/portmap")
+    assert "CNI_COMMAND=CHECK" in check["shell"] and "CNI_NETNS=/run/netns/pycni-fuzz-" in check["shell"]
+    assert "check-after-add: CHECK after a successful ADD failed" in proc.stdout
+    assert "1 contract violation(s)" in proc.stdout
+
+
+def test_pycni_loopback_keeps_the_contract(workdir, tmp_path):
+    from pycni_plugins.install import install
+
+    (plugin,) = install(str(tmp_path / "bin"), ["loopback"])
+    proc, doc = _fuzz(workdir, plugin, "--examples", "6", "--seed", "1")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert doc["violations"] == [] and doc["examples"] == 6
+    assert doc["versions"] == ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+    assert sum(doc["outcomes"]["ADD"].values()) == 6
+    assert "no contract violation found" in proc.stdout
+
+
+# --- plugins that break one rule each (sh scripts: fast, and exact) ------------------------------------
+
+ERROR = """printf '{"code": 7, "msg": "nope"}'; exit 1"""
+# Each fake speaks only 1.0.0, so a valid example's result is {"cniVersion": "1.0.0"}.
+PROLOGUE = """if [ "$CNI_COMMAND" = VERSION ]; then
+    echo '{"cniVersion": "1.0.0", "supportedVersions": ["1.0.0"]}'; exit 0
+fi
+"""
+SCRIPTS = {
+    # exit 0 on ADD with something that is no result
+    "bad-result": """case $CNI_COMMAND in ADD) echo '{"cniVersion": "1.0.0", "ips": 5}';; esac""",
+    # a failure without an error object
+    "bad-error": """case $CNI_COMMAND in ADD) echo oops >&2; exit 1;; esac""",
+    "signal": """case $CNI_COMMAND in ADD) kill -SEGV $$;; esac""",
+    "hang": """case $CNI_COMMAND in ADD) exec sleep 30;; esac""",
+    "output-bound": """case $CNI_COMMAND in ADD) head -c 2000000 /dev/zero;; esac""",
+    # ADD succeeds (prints its prevResult-free result), CHECK refuses
+    "check-after-add": """read -r _
+case $CNI_COMMAND in
+ADD) printf '{"cniVersion": "1.0.0"}';;
+CHECK) """
+    + ERROR
+    + """;;
+esac""",
+    # the second DEL fails
+    "del-twice": """read -r _
+mkdir -p "$PYCNI_STATE_DIR"; d=$PYCNI_STATE_DIR/deleted
+case $CNI_COMMAND in
+ADD) printf '{"cniVersion": "1.0.0"}';;
+DEL) if [ -e "$d" ]; then rm -f "$d"; """
+    + ERROR
+    + """; fi; : > "$d";;
+esac""",
+    # ADD makes a veth pair in the container; DEL forgets it
+    "leftovers": """read -r _
+case $CNI_COMMAND in
+ADD) ip -n "$(basename "$CNI_NETNS")" link add fz0 type veth peer name fz1; printf '{"cniVersion": "1.0.0"}';;
+esac""",
+}
+
+
+@pytest.mark.parametrize("check", sorted(SCRIPTS))
+def test_each_rule_of_the_contract_is_enforced(workdir, check):
+    plugin = workdir / "bin" / "fake"
+    plugin.parent.mkdir()
+    plugin.write_text("#!/bin/sh\n" + PROLOGUE + SCRIPTS[check] + "\n")
+    plugin.chmod(0o755)
+    args = ["--type", "fake", "--examples", "3", "--seed", "3", "--timeout", "0.3"]
+    proc, doc = _fuzz(workdir, str(plugin), *args)
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert check in _checks(doc), doc["violations"]
+    violation = next(v for v in doc["violations"] if v["check"] == check)
+    assert violation["steps"][-1]["shell"].endswith(str(plugin))
+    assert f"{check}: " in proc.stdout
+
+
+def test_usage_errors_are_one_line(workdir):
+    proc = subprocess.run(
+        [sys.executable, "-m", "pycni.cli", "fuzz", "/bin/true", "--commands", "ADD,NOPE"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "NOPE: choose from ADD,CHECK,DEL" in proc.stderr

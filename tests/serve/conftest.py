@@ -1,0 +1,154 @@
+"""A ``pycni serve`` daemon and its shims for the tests, every process reaped even on failure.
+
+The daemon runs in a throwaway "host" namespace, started with ``nsenter --net=`` (so it shares
+the test's mount namespace, as the design requires), with its socket in a temp dir
+(``PYCNI_SOCKET``); callers exec the shims with ``nsenter --net=`` too. The state dir and
+host-local's data dir are under ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from pycni import netns
+
+PYTHON = sys.executable
+
+
+@attrs.frozen
+class Outcome:
+    status: int
+    stdout: bytes
+    stderr: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+class Daemon:
+    """A ``pycni serve`` process in ``host``; :meth:`stop` sends SIGTERM and reaps it."""
+
+    def __init__(self, host: str, socket_path: str, log: Path, env: Mapping[str, str], args: list[str]) -> None:
+        self.host = host
+        self.socket = socket_path
+        self.log_path = log
+        argv = ["nsenter", f"--net={host}", PYTHON, "-m", "pycni.cli", "serve", "--socket", socket_path, *args]
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=dict(env))
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        from pycni_plugins.serve.daemon import check
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"pycni serve exited with {self.proc.returncode}:\n{self.log()}")
+            if check(self.socket, timeout=1.0)[0]:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"pycni serve did not answer within {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def requests(self) -> list[str]:
+        """The per-request log lines (``<type> <command> <container> <outcome> <ms>``)."""
+        lines = [line.split("pycni serve: ", 1)[1] for line in self.log().splitlines() if line.endswith("ms")]
+        return [line for line in lines if not line.startswith("- - - ping ")]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    path = str(tmp_path / "state")
+    monkeypatch.setenv("PYCNI_STATE_DIR", path)
+    return path
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[str]:
+    """A 0700 dir for the socket, short enough for sun_path (pytest's tmp_path can exceed 108)."""
+    path = tempfile.mkdtemp(prefix="pycni-serve-")
+    try:
+        yield path
+    finally:
+        subprocess.run(["rm", "-rf", path], check=False)
+
+
+@pytest.fixture
+def bindir(tmp_path: Path) -> str:
+    from pycni_plugins.install import install
+
+    path = tmp_path / "bin"
+    install(str(path))
+    return str(path)
+
+
+@pytest.fixture
+def start_daemon(host_ns: netns.Throwaway, sock_dir: str, tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def start(*args: str, host: str | None = None, env: Mapping[str, str] | None = None) -> Daemon:
+        n = len(started)
+        log = tmp_path / f"serve{n}.log"
+        full = {**os.environ, **(env or {})}
+        daemon = Daemon(host or host_ns.path, os.path.join(sock_dir, f"s{n}.sock"), log, full, list(args))
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+def daemon(start_daemon: Callable[..., Daemon]) -> Daemon:
+    return start_daemon()
+
+
+def call(
+    bindir: str,
+    plugin: str,
+    env: Mapping[str, str],
+    stdin: bytes | str | dict[str, Any] = b"",
+    *,
+    host: str,
+    socket_path: str | None = None,
+    mode: str | None = None,
+    pass_fds: tuple[int, ...] = (),
+    wrap: tuple[str, ...] = (),
+    inner: tuple[str, ...] = (),
+) -> Outcome:
+    """Exec shim ``plugin`` in namespace ``host`` with ``env`` (plus PATH and the state dir);
+    ``mode`` sets ``PYCNI_DAEMON``; ``wrap`` runs before ``nsenter``, ``inner`` between it and the shim."""
+    data = stdin if isinstance(stdin, bytes) else (stdin if isinstance(stdin, str) else json.dumps(stdin)).encode()
+    full = {"PATH": os.environ["PATH"], "PYCNI_STATE_DIR": os.environ["PYCNI_STATE_DIR"], **env}
+    if socket_path:
+        full["PYCNI_SOCKET"] = socket_path
+    if mode:
+        full["PYCNI_DAEMON"] = mode
+    argv = [*wrap, "nsenter", f"--net={host}", *inner, os.path.join(bindir, plugin)]
+    p = subprocess.run(argv, input=data, capture_output=True, env=full, pass_fds=pass_fds, timeout=120)
+    return Outcome(p.returncode, p.stdout, p.stderr)
