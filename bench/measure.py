@@ -132,6 +132,7 @@ def latency_cell(
         snap = rules.snapshot(cell.host)
         last = results[-1]
         workload = driver.workload
+        first_packet: dict[str, Any]
         if not workload.port_mappings or workload.gateway is None:
             first_packet = {"port": None, "error": "no port mappings in this chain"}
         elif last is None:
