@@ -20,7 +20,7 @@ from . import version as _version
 from .backends import Backend, select_backend, validate_timeout
 from .cache import DEFAULT_CACHE_DIR, CachedAttachment, ResultsCache
 from .config import NetworkConfig, NetworkConfigList, conflist_from_conf, validate_network_name
-from .errors import CacheError, CNIError, MultiError, ResultError, VersionError
+from .errors import CacheError, CNIError, InvalidArgumentError, MultiError, ResultError, VersionError
 from .failpoints import failpoint
 from .invoke import VersionInfo, inheriting
 from .request import (
@@ -144,6 +144,7 @@ class Runtime:
         with self._locked(net.name, rt.container_id):
             self.cache.ensure_writable()
             self._preflight(net, rt)
+            self._refuse_attached_elsewhere(net, rt)
             prev: AnyResult | None = None
             for index, plugin in enumerate(net.plugins):
                 failpoint("runtime.add.before-plugin")
@@ -179,6 +180,22 @@ class Runtime:
                     self.backend.validate(plugin.type, build_request("ADD", config, rt, self.path))
             except CNIError as e:
                 raise e.with_context(_describe(plugin, "add")) from e
+
+    def _refuse_attached_elsewhere(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
+        """The spec's "not the same (CNI_CONTAINERID, CNI_IFNAME) twice without a DEL", for an
+        attachment cached with another netns: refused before any plugin runs, so no plugin and
+        no rollback DEL (which would be that attachment's DEL) touches what it holds. A repeated
+        ADD into the same netns goes on to the plugins, as libcni's does."""
+        try:
+            entry = self.cache.read(net.name, rt.container_id, rt.ifname)
+        except CacheError:
+            return  # an undecodable entry names no netns, and this ADD's cache write replaces it
+        if entry is None or not entry.netns or _same_netns(entry.netns, rt.netns):
+            return
+        raise InvalidArgumentError(
+            f'CNI_CONTAINERID "{rt.container_id}" with CNI_IFNAME "{rt.ifname}" is already attached to '
+            f'network "{net.name}" in netns "{entry.netns}", not CNI_NETNS "{rt.netns}": DEL it first'
+        )
 
     def _add_one(
         self, net: NetworkConfigList, plugin: NetworkConfig, rt: RuntimeConf, prev: AnyResult | None
@@ -476,6 +493,7 @@ class Runtime:
         with self._locked(net.name, rt.container_id):
             self.cache.ensure_writable()
             self._preflight(net, rt)
+            self._refuse_attached_elsewhere(net, rt)
             try:
                 result = self._add_one(net, net.plugins[0], rt, None)
             except CNIError as e:
@@ -494,3 +512,14 @@ class Runtime:
 
     def validate_network(self, conf: NetworkConfig) -> list[str]:
         return self.validate_network_list(conflist_from_conf(conf))
+
+
+def _same_netns(a: str, b: str) -> bool:
+    """Whether two netns paths name the same file (one namespace bind-mounted at both)."""
+    if a == b:
+        return True
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)

@@ -20,16 +20,17 @@ error texts follow containernetworking/plugins v1.9.1. Where pycni differs, on p
   veth left behind (a netns path gone while the namespace lives on), GC deletes the veths of
   attachments it was not told are valid, and an ADD that has to re-create a deleted bridge
   gives it its old MAC and re-enslaves the surviving veths of the earlier attachments;
-* an ADD or its undo, and a DEL, remove only what the attachment's record says it made: a
-  failed ADD leaves a record naming no veth (``"host": null``), so its DEL (a runtime's
-  rollback included) deletes no interface; with a record, DEL deletes the recorded host veth
-  (taking the container end with it) and never a container interface by name; only a DEL
-  without any record (an attachment made by the reference plugin, a lost state dir, a
-  repeated DEL) deletes ``CNI_IFNAME`` in the container by name, as the reference does, and
-  even then not when it is the veth of another attachment's record. An ADD for an attachment
-  whose recorded veth is still there (same container ID and ifname, any netns) is refused
-  before anything is made, and the IPAM DEL of the undo is registered only once the IPAM ADD
-  succeeded, so a refused ADD never releases the address an earlier ADD holds;
+* an ADD or its undo, and a DEL, remove only what the attachment's record says it made (the
+  rule :mod:`.kernel.veths` keeps for bridge and ptp alike): a failed ADD leaves a record
+  naming no veth (``"host": null``), so its DEL (a runtime's rollback included) deletes no
+  interface; with a record, DEL deletes the recorded host veth (taking the container end with
+  it) and never a container interface by name; only a DEL without any record (an attachment
+  made by the reference plugin, a lost state dir, a repeated DEL) deletes ``CNI_IFNAME`` in
+  the container by name, as the reference does, and even then not when it is the veth of
+  another attachment's bridge or ptp record. An ADD for an attachment whose recorded veth is
+  still there (same container ID and ifname, any netns) is refused before anything is made,
+  and the IPAM DEL of the undo is registered only once the IPAM ADD succeeded, so a refused
+  ADD never releases the address an earlier ADD holds;
 * GC (spec 1.1) goes to the IPAM plugin too, and collects the masquerade and spoof-check
   elements and the records and veths of attachments not in ``cni.dev/valid-attachments``;
   STATUS is the IPAM plugin's; CHECK also verifies the masquerade and spoof-check elements and
@@ -70,12 +71,10 @@ from ._common import (
     gc_report,
     in_netns,
     ipam_result,
-    netns_gone,
     prev_result,
     valid_attachments,
 )
-from .kernel import layout, links, nft, sysctl
-from .kernel.state import Records
+from .kernel import layout, links, nft, sysctl, veths
 
 __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 
@@ -85,7 +84,7 @@ _IFNAME_BAD = re.compile(r'[/:\s"\\]')
 _MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 _NO_PREV = "Required prevResult missing"
 #: Per attachment: ``{"attachment", "bridge", "bridge_mac", "host"}`` (see the module docstring).
-_LINKS = Records("bridge")
+_LINKS = veths.VethRecords("bridge")
 _NFT_OWNERS = ("masq", "spoofchk")
 
 
@@ -344,6 +343,16 @@ class BridgePlugin(Plugin):
         self, request: PluginRequest, conf: BridgeConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]
     ) -> Result:
         att = attachment(request)
+        previous = _LINKS.live(att)
+        if previous is not None:
+            # Another ADD of this attachment is alive (its veth is there): anything done here
+            # would take its record, elements and lease over, and undoing it would free them.
+            raise fail(
+                f"attachment {att.container_id}/{att.ifname} of network {att.network} already exists "
+                f'(host veth "{previous["host"]}" on bridge "{previous.get("bridge")}"): DEL it first'
+            )
+        # From here on a failure leaves a record naming no veth: its DEL deletes no interface.
+        undo.append(lambda: _LINKS.nothing_created(att, bridge=conf.bridge))
         try:
             # A bridge someone deleted comes back with the MAC the attachments' results report.
             mac = _remembered_mac(conf.bridge) if links.ifindex(conf.bridge) is None else None
@@ -363,15 +372,6 @@ class BridgePlugin(Plugin):
         # Both ends get their MAC here: the result needs no read-back, and udev's
         # MACAddressPolicy=persistent leaves an explicitly set host-side MAC alone.
         container_mac = conf.mac or links.random_mac()
-        previous = _LINKS.load(att.key)
-        if isinstance(previous, dict) and _host_veth(previous) is not None:
-            # Another ADD of this attachment is alive (its veth is there): anything done here
-            # would take its record, elements and lease over, and undoing it would free them.
-            raise fail(
-                f"attachment {att.container_id}/{att.ifname} of network {att.network} already exists "
-                f'(host veth "{previous["host"]}" on bridge "{previous.get("bridge")}"): DEL it first'
-            )
-        undo.append(lambda: _LINKS.store(att.key, _nothing_created(att, conf)))
         host_name, host_mac = self._add_veth(request, conf, ipr, fd, br, container_mac, att)
         undo.append(lambda: links.delete_link(host_name))
         failpoint("bridge.add.after-veth")
@@ -516,29 +516,9 @@ class BridgePlugin(Plugin):
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)
         att = attachment(request)
-        record = _LINKS.load(att.key)
-        if isinstance(record, dict):
-            # Only the veth the record names, and only while it is still that veth: deleting
-            # the host end takes the container end with it, wherever the namespace is (its
-            # path may be gone, or empty, while it lives on). An ``eth0`` in the container
-            # that this attachment did not make (a failed ADD's record names none) is kept.
-            try:
-                _delete_host_veth(record)
-            except links.LinkError as e:
-                raise fail(f'failed to delete "{record.get("host")}": {e.strerror}') from e
-        elif request.netns:
-            # No record: made by the reference plugin, the state dir lost, or a repeated DEL.
-            # As the reference does, the container interface goes by name, unless it is the
-            # veth of another attachment (its host end named by that attachment's record).
-            try:
-                ctr = netns.run_in(request.netns, _get_link, request.ifname)
-                if ctr is not None and not _recorded_peer(ctr):
-                    netns.run_in(request.netns, links.delete_link, request.ifname)
-            except netns.NetnsError as e:
-                if not netns_gone(e):
-                    raise fail(str(e)) from e
-            except links.LinkError as e:
-                raise fail(f'failed to delete "{request.ifname}": {e.strerror}') from e
+        # Only what the attachment's record says it made (see kernel.veths): a failed ADD's
+        # record names no veth, and an eth0 it did not make is kept.
+        _LINKS.delete(att, request.netns, request.ifname)
         failpoint("bridge.del.after-link")
         # nftables state first: it comes from the attachment's records, needs neither the
         # netns nor the link, and must not stay behind when IPAM DEL fails.
@@ -575,26 +555,7 @@ class BridgePlugin(Plugin):
         errors: list[str] = []
         network = request.network_name
         keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid}
-        for name in _LINKS.names():
-            record = _LINKS.load(name)
-            if not isinstance(record, dict) or name in keep:
-                continue
-            att = record.get("attachment") or {}
-            if att.get("network") != network:
-                continue
-            who = f"{att.get('container_id')}/{att.get('ifname')}"
-            host = _host_veth(record)
-            if host is not None:
-                removed.append(f"host veth {host} of {who} on bridge {record.get('bridge')}")
-                if not dry:
-                    try:
-                        _delete_host_veth(record)
-                    except links.LinkError as e:
-                        errors.append(f"failed to delete {host} of {who}: {e.strerror}")
-                        continue
-            removed.append(f"pycni state record bridge/{name} of {who}")
-            if not dry:
-                _LINKS.remove(name)
+        _LINKS.collect(network, keep, dry, removed, errors)
         try:
             removed += nft.collect(network, valid, _NFT_OWNERS, dry_run=dry)
             if not dry:
@@ -640,47 +601,6 @@ def _remembered_mac(bridge: str) -> str | None:
         if record.get("bridge") == bridge and isinstance(mac, str) and _MAC.fullmatch(mac):
             return mac
     return None
-
-
-def _nothing_created(att: nft.Attachment, conf: BridgeConfig) -> dict[str, Any]:
-    """The record a failed ADD leaves: it made no veth, so its DEL deletes no interface."""
-    return {"attachment": attrs.asdict(att), "bridge": conf.bridge, "host": None}
-
-
-def _host_veth(record: dict[str, Any]) -> str | None:
-    """The recorded host veth if it is still there: a veth of that name, enslaved to the
-    recorded bridge or to none (the bridge was deleted), nothing else."""
-    host, bridge = record.get("host"), record.get("bridge")
-    if not isinstance(host, str) or not isinstance(bridge, str):
-        return None
-    with links.iproute() as ipr:
-        link = links.get_link(ipr, host)
-    if link is None or link.kind != "veth":
-        return None
-    return host if link.master in (0, links.ifindex(bridge)) else None
-
-
-def _get_link(name: str) -> links.Link | None:
-    with links.iproute() as ipr:
-        return links.get_link(ipr, name)
-
-
-def _recorded_peer(ctr: links.Link) -> bool:
-    """Whether container veth ``ctr`` is the peer of a host veth some attachment's record names
-    (O(records): only for a DEL that has no record of its own)."""
-    if ctr.kind != "veth" or not ctr.peer_index:
-        return False
-    with links.iproute() as ipr:
-        host = links.get_link(ipr, index=ctr.peer_index)
-    if host is None or host.kind != "veth" or host.peer_index != ctr.index:
-        return False
-    return any(record.get("host") == host.name for record in _records())
-
-
-def _delete_host_veth(record: dict[str, Any]) -> None:
-    host = _host_veth(record)
-    if host is not None:
-        links.delete_link(host)
 
 
 def _masq_sections(conf: BridgeConfig, ips: Any) -> list[nft.Section]:

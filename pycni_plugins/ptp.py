@@ -20,10 +20,16 @@ Where pycni differs, on purpose:
   DEL, its addresses (upstream leaves the veth);
 * both veth ends get an explicit random MAC, and the host's IPv6 gateway addresses are added
   without DAD (usable at once; the host end owns them);
-* the host veth is recorded (``ptp/<attachment key>`` under pycni's state dir): DEL deletes it
-  even when the container's netns path is gone; GC (spec 1.1, none upstream) removes the
-  masquerade elements, veths and records of attachments not in ``cni.dev/valid-attachments``
-  and passes GC on to the IPAM plugin;
+* the host veth is recorded (``ptp/<attachment key>`` under pycni's state dir) before it is
+  created: DEL deletes it even when the container's netns path is gone; GC (spec 1.1, none
+  upstream) removes the masquerade elements, veths and records of attachments not in
+  ``cni.dev/valid-attachments`` and passes GC on to the IPAM plugin;
+* an ADD or its undo, and a DEL, remove only what the attachment's record says it made, as
+  bridge does (:mod:`.kernel.veths`): a failed ADD leaves a record naming no veth, so its DEL
+  (a runtime's rollback included) deletes no interface, and with a record DEL never deletes a
+  container interface by name (upstream deletes ``CNI_IFNAME``, whoever made it). An ADD for
+  an attachment whose recorded veth is still there (any netns) is refused before IPAM runs,
+  and the IPAM DEL of the undo is registered only once the IPAM ADD succeeded;
 * a second address of a family with the same gateway reuses the host's gateway address
   (upstream fails with "file exists").
 """
@@ -53,18 +59,16 @@ from ._common import (
     gc_report,
     in_netns,
     ipam_result,
-    netns_gone,
     prev_result,
     valid_attachments,
 )
-from .kernel import layout, links, nft, sysctl
-from .kernel.state import Records
+from .kernel import layout, links, nft, sysctl, veths
 
 __all__ = ["PtpConfig", "PtpPlugin", "load_config"]
 
 VETH_RETRIES = 10
-#: Per attachment: ``{"attachment", "host"}`` (the host veth's name).
-_LINKS = Records("ptp")
+#: Per attachment: ``{"attachment", "host"}`` (the host veth's name; see :mod:`.kernel.veths`).
+_LINKS = veths.VethRecords("ptp")
 
 
 @attrs.frozen
@@ -210,6 +214,16 @@ class PtpPlugin(Plugin):
 
     def _add(self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]) -> Result:
         att = attachment(request)
+        previous = _LINKS.live(att)
+        if previous is not None:
+            # Another ADD of this attachment is alive (its veth is there): anything done here
+            # would take its record, elements and lease over, and undoing it would free them.
+            raise fail(
+                f"attachment {att.container_id}/{att.ifname} of network {att.network} already exists "
+                f'(host veth "{previous["host"]}"): DEL it first'
+            )
+        # From here on a failure leaves a record naming no veth: its DEL deletes no interface.
+        undo.append(lambda: _LINKS.nothing_created(att))
         raw = delegate(request, conf.ipam_type, "ADD")
         # Only now: a refused IPAM ADD leased nothing, and its DEL would free another ADD's lease.
         undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
@@ -226,7 +240,6 @@ class PtpPlugin(Plugin):
             except OSError as e:
                 raise fail(f"Could not enable IP forwarding: {e.strerror}") from e
         container_mac = links.random_mac()
-        undo.append(lambda: _LINKS.remove(att.key))
         host_name, host_mac = self._add_veth(request, conf, ipr, fd, container_mac, att)
         undo.append(lambda: links.delete_link(host_name))
         ips = tuple(IPConfig(ip.address, ip.gateway, 1) for ip in ipam.ips)
@@ -288,19 +301,10 @@ class PtpPlugin(Plugin):
 
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)
-        if request.netns:
-            try:
-                netns.run_in(request.netns, links.delete_link, request.ifname)
-            except netns.NetnsError as e:
-                if not netns_gone(e):
-                    raise fail(str(e)) from e
-            except links.LinkError as e:
-                raise fail(f'failed to delete "{request.ifname}": {e.strerror}') from e
         att = attachment(request)
-        try:
-            _delete_host_veth(_LINKS.load(att.key))
-        except links.LinkError as e:
-            raise fail(f"failed to delete the host veth of {request.ifname}: {e.strerror}") from e
+        # Only what the attachment's record says it made (see kernel.veths): a failed ADD's
+        # record names no veth, and an eth0 it did not make is kept.
+        _LINKS.delete(att, request.netns, request.ifname)
         nft.release("masq", att)
         if conf.ipam_type:
             delegate(request, conf.ipam_type, "DEL")
@@ -336,26 +340,7 @@ class PtpPlugin(Plugin):
         keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid}
         removed: list[str] = []
         errors: list[str] = []
-        for name in _LINKS.names():
-            record = _LINKS.load(name)
-            if not isinstance(record, dict) or name in keep:
-                continue
-            att = record.get("attachment") or {}
-            if att.get("network") != network:
-                continue
-            who = f"{att.get('container_id')}/{att.get('ifname')}"
-            host = _host_veth(record)
-            if host is not None:
-                removed.append(f"host veth {host} of {who}")
-            removed.append(f"pycni state record ptp/{name} of {who}")
-            if dry:
-                continue
-            try:
-                _delete_host_veth(record)
-            except links.LinkError as e:
-                errors.append(f"failed to delete {host} of {who}: {e.strerror}")
-                continue
-            _LINKS.remove(name)
+        _LINKS.collect(network, keep, dry, removed, errors)
         try:
             removed += nft.collect(network, valid, ("masq",), dry_run=dry)
         except nft.NftError as e:
@@ -379,19 +364,3 @@ class PtpPlugin(Plugin):
 
 def _masq_sections(ips: Any) -> list[nft.Section]:
     return [layout.MASQ, *{layout.masq_subnet(ip.address.network) for ip in ips}]
-
-
-def _host_veth(record: Any) -> str | None:
-    """The recorded host veth if it is still there and still a veth."""
-    host = record.get("host") if isinstance(record, dict) else None
-    if not isinstance(host, str):
-        return None
-    with links.iproute() as ipr:
-        link = links.get_link(ipr, host)
-    return host if link is not None and link.kind == "veth" and not link.master else None
-
-
-def _delete_host_veth(record: Any) -> None:
-    host = _host_veth(record)
-    if host is not None:
-        links.delete_link(host)

@@ -54,7 +54,7 @@ def test_a_users_conflist_is_measured_exec_and_in_process(workdir: Path) -> None
     proc, doc = _bench(workdir, CONFLIST, "--n", "1", "--sections", "latency")
     c = doc["config"]
     assert c["chain"] == ["bridge", "portmap"] and c["cni_version"] == "0.4.0" and c["subnet"] == "198.19.0.0/24"
-    assert c["backends"] == ["exec", "pycni-inprocess", "pycni-exec"] and doc["skipped"] == {}
+    assert c["backends"] == ["exec", "pycni-inprocess", "pycni-exec", "pycni-daemon"] and doc["skipped"] == {}
     for name in c["backends"]:
         rows = {r["op"]: r for r in doc["rows"] if r["backend"] == name}
         assert set(rows) == {"add", "check", "del"}, name
@@ -81,12 +81,14 @@ def test_a_users_conflist_is_measured_exec_and_in_process(workdir: Path) -> None
 
 
 def test_a_type_pycni_lacks_makes_its_backends_not_applicable(workdir: Path) -> None:
-    chain = {**CONFLIST, "plugins": [*CONFLIST["plugins"], {"type": "sbr"}]}
+    # dhcp is the one reference plugin pycni leaves out (it needs its own daemon).
+    chain = {**CONFLIST, "plugins": [*CONFLIST["plugins"], {"type": "dhcp"}]}
     _, doc = _bench(workdir, chain, "--sections", "parsing", "--parse-time", "0.002")
-    assert builtin_plugin("sbr") is None
+    assert builtin_plugin("dhcp") is None
     assert doc["skipped"] == {
-        "pycni-inprocess": "not applicable: not built into pycni: sbr",
-        "pycni-exec": "not applicable: not built into pycni: sbr",
+        "pycni-inprocess": "not applicable: not built into pycni: dhcp",
+        "pycni-exec": "not applicable: not built into pycni: dhcp",
+        "pycni-daemon": "not applicable: not built into pycni: dhcp",
     }
 
 

@@ -30,20 +30,21 @@ SUBNET = "198.18.64.0/24"
 HOST_PORT = 18080
 
 
-def conflist(data_dir: str, *, network: str = NETWORK, bridge: str = BRIDGE, subnet: str = SUBNET) -> dict[str, Any]:
+def conflist(
+    data_dir: str, *, network: str = NETWORK, bridge: str = BRIDGE, subnet: str = SUBNET, main: str = "bridge"
+) -> dict[str, Any]:
+    """The chain; ``main`` is the interface plugin: ``bridge`` (with macspoofchk) or ``ptp``."""
+    ipam = {"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": data_dir}
+    if main == "bridge":
+        iface = {"type": "bridge", "bridge": bridge, "isGateway": True, "ipMasq": True, "macspoofchk": True}
+    else:
+        iface = {"type": main, "ipMasq": True}
     return {
         "cniVersion": "1.0.0",
         "name": network,
         "plugins": [
             {"type": "loopback"},
-            {
-                "type": "bridge",
-                "bridge": bridge,
-                "isGateway": True,
-                "ipMasq": True,
-                "macspoofchk": True,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": data_dir},
-            },
+            {**iface, "ipam": ipam},
             {"type": "firewall"},
             {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},
         ],

@@ -1,6 +1,9 @@
 """A failed ADD, its rollback and a DEL touch only what their own attachment made: another
 attachment's lease, interfaces, ``lo`` and nftables elements stay, and it stays CHECK-clean.
-In-process, and through the CLI with the plugins exec'd as CNI binaries (issue 10, items 1, 5)."""
+In-process, and through the CLI with the plugins exec'd as CNI binaries (issue 10, items 1, 5),
+with each veth-making plugin (bridge, ptp) in the chain. An ADD of an attachment cached in
+another netns is refused by the runtime before any plugin runs, so no rollback DEL reaches the
+attachment that holds it."""
 
 from __future__ import annotations
 
@@ -10,13 +13,22 @@ import sys
 
 import pytest
 
-from pycni.errors import CNIError
+from pycni import netns
+from pycni.errors import CNIError, ErrorCode
 from pycni.request import RuntimeConf
+from pycni.runtime import Runtime
 from pycni_plugins.install import install
-from tests.faults.conftest import REPO
+from pycni_plugins.kernel import links as kernel_links
+from tests.faults.conftest import REPO, World, conflist
 from tests.helpers.kernel import links
 
 pytestmark = pytest.mark.privileged
+
+
+@pytest.fixture(params=["bridge", "ptp"])
+def world(request, host_ns, make_netns, tmp_path, monkeypatch) -> World:
+    monkeypatch.setenv("PYCNI_STATE_DIR", str(tmp_path / "state"))
+    return World(host_ns, make_netns, tmp_path, conflist(str(tmp_path / "ipam"), main=request.param))
 
 
 def _intact(world, cid, ns, ip, lease_before):
@@ -34,7 +46,7 @@ def test_a_failed_add_of_an_attachment_held_elsewhere_keeps_its_lease(world):
     a, b, c = (world.make_netns("c") for _ in range(3))
     [ip] = world.add("dupx", a.path)
     leases = world.leases()
-    with pytest.raises(CNIError):  # today: "attachment dupx/eth0 of network crashnet already exists"
+    with pytest.raises(CNIError, match="already attached"):  # by the runtime: dupx/eth0 is cached in a
         world.add("dupx", b.path)
     assert set(links(b.path)) == {"lo"}
     _intact(world, "dupx", a, ip, leases)
@@ -64,6 +76,33 @@ def test_add_with_rollback_into_a_namespace_another_attachment_uses_leaves_it_al
     _intact(world, "vic2", ns, ip, leases)
     world.delete("vic2", ns.path)
     assert world.leftovers(ns) == {}
+
+
+@pytest.mark.parametrize(
+    ("veth", "refusal"),
+    [("live", "attachment dupx/eth0 of network crashnet already exists"), ("gone", "duplicate allocation")],
+)
+def test_an_add_of_an_attachment_held_elsewhere_by_a_runtime_without_its_cache_keeps_its_lease(
+    world, tmp_path, veth, refusal
+):
+    """A runtime without dupx's cache entry ADDs dupx into b. With dupx's veth there, the
+    interface plugin refuses before it makes anything; with the veth deleted behind pycni's
+    back, host-local refuses the duplicate. Either way the undo frees no lease it did not make."""
+    a, b = world.make_netns("c"), world.make_netns("c")
+    world.add("dupx", a.path)
+    leases = world.leases()
+    if veth == "gone":
+        [host] = world.veths()
+        netns.run_in(world.host.path, kernel_links.delete_link, host)
+    other = Runtime([], cache_dir=str(tmp_path / "other-cache"), backend="inprocess", host_netns=world.host.path)
+    with pytest.raises(CNIError, match=refusal):
+        other.add_network_list(world.network, world.rt("dupx", b.path))
+    assert set(links(b.path)) == {"lo"}
+    assert world.leases() == leases
+    if veth == "live":
+        world.check("dupx", a.path)
+    world.delete("dupx", a.path)
+    assert world.leftovers(a) == {}
 
 
 @pytest.fixture
@@ -151,3 +190,51 @@ def test_cli_exec_a_host_ip_mapping_cannot_shadow_another_containers_port_on_eve
     assert world.nft_elements() == before
     _ok(cli("del", c1.path, "c1"))
     assert world.leftovers() == {}
+
+
+def _attached_elsewhere(cid: str, a: str, b: str) -> str:
+    return f'CNI_CONTAINERID "{cid}" with CNI_IFNAME "eth0" is already attached to network "crashnet" in netns "{a}"'
+
+
+def test_add_with_rollback_of_an_attachment_cached_in_another_netns_is_refused_before_any_plugin(world):
+    """dupx/eth0 is cached in A: its ADD into B is refused with code 4 before any plugin runs,
+    so no rollback DEL (which would be dupx/eth0's DEL) frees A's lease or deletes its veth."""
+    a, b = world.make_netns("c"), world.make_netns("c")
+    [ip] = world.add("dupx", a.path)
+    leases, elements, records = world.leases(), world.nft_elements(), world.records()
+    with pytest.raises(CNIError, match=_attached_elsewhere("dupx", a.path, b.path)) as info:
+        world.runtime.add_network_list(world.network, world.rt("dupx", b.path), rollback=True)
+    assert info.value.code == ErrorCode.INVALID_ENVIRONMENT_VARIABLES
+    assert set(links(b.path)) == {"lo"}
+    assert (world.nft_elements(), world.records()) == (elements, records)
+    _intact(world, "dupx", a, ip, leases)
+    world.delete("dupx", a.path)
+    assert world.leftovers(a) == {}
+
+
+def test_a_repeated_add_into_the_same_netns_still_reaches_the_plugins(world):
+    """Same netns: the runtime lets it through (libcni does), the interface plugin refuses it."""
+    a = world.make_netns("c")
+    world.add("dupx", a.path)
+    with pytest.raises(CNIError, match="already exists") as info:
+        world.add("dupx", a.path)
+    assert info.value.code == ErrorCode.INTERNAL
+    world.delete("dupx", a.path)
+    assert world.leftovers(a) == {}
+
+
+def test_cli_exec_rollback_of_an_attachment_cached_in_another_netns_is_refused_before_any_plugin(world, cli):
+    a, b = world.make_netns("c"), world.make_netns("c")
+    out = json.loads(_ok(cli("add", a.path, "dupx")).stdout)
+    ip = out["ips"][0]["address"].split("/")[0]
+    leases, elements = world.leases(), world.nft_elements()
+    proc = cli("add", b.path, "dupx", "--rollback")
+    assert proc.returncode == 1, proc.stderr
+    assert _attached_elsewhere("dupx", a.path, b.path) in proc.stderr + proc.stdout
+    assert '"code": 4' in proc.stdout or "code 4" in proc.stderr, (proc.stdout, proc.stderr)
+    assert set(links(b.path)) == {"lo"}
+    assert (world.leases(), world.nft_elements()) == (leases, elements)
+    _ok(cli("check", a.path, "dupx"))
+    assert world.ping(ip)
+    _ok(cli("del", a.path, "dupx"))
+    assert world.leftovers(a) == {}

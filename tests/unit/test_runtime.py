@@ -171,6 +171,37 @@ class TestAdd:
             ("fake-a", "DEL"),
         ]
 
+    def test_an_attachment_cached_in_another_netns_is_refused_before_any_plugin_and_not_rolled_back(
+        self, runtime, fake_plugins
+    ):
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"), fake_plugins.plugin("fake-b"))
+        runtime.add_network_list(n, RT)
+        cached = runtime.get_network_list_cached_result(n, RT)
+        before = len(fake_plugins.calls())
+        elsewhere = RuntimeConf(container_id="ctr1", netns="/run/netns/other", ifname="eth0")
+        with pytest.raises(InvalidArgumentError) as info:
+            runtime.add_network_list(n, elsewhere, rollback=True)
+        assert info.value.code == 4
+        assert str(info.value) == (
+            'CNI_CONTAINERID "ctr1" with CNI_IFNAME "eth0" is already attached to network "testnet" in netns '
+            '"/run/netns/ctr1", not CNI_NETNS "/run/netns/other": DEL it first'
+        )
+        assert len(fake_plugins.calls()) == before
+        assert runtime.get_network_list_cached_result(n, RT) == cached
+        # Another ifname of the container is another attachment.
+        runtime.add_network_list(n, RuntimeConf(container_id="ctr1", netns="/run/netns/other", ifname="eth1"))
+
+    def test_a_repeated_add_into_the_same_netns_reaches_the_plugins(self, runtime, fake_plugins, tmp_path):
+        """The same path, or another path of the same file (a second bind mount of the netns)."""
+        ns = tmp_path / "ns"
+        ns.touch()
+        (tmp_path / "alias").hardlink_to(ns)
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"))
+        runtime.add_network_list(n, RuntimeConf(container_id="ctr1", netns=str(ns), ifname="eth0"))
+        for path in (ns, tmp_path / "alias"):
+            runtime.add_network_list(n, RuntimeConf(container_id="ctr1", netns=str(path), ifname="eth0"))
+        assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()] == ["ADD"] * 3
+
 
 class TestDel:
     def test_reverse_order_with_cached_result_converted_to_list_version(self, runtime, fake_plugins):
