@@ -555,12 +555,12 @@ def fuzz(options: Options, progress: Callable[[Report, bool], None] | None = Non
     return report
 
 
-def _flatten(group: BaseExceptionGroup | None) -> list[Violation]:
+def _flatten(group: BaseExceptionGroup[Violation] | None) -> list[Violation]:
     if group is None:
         return []
     out: list[Violation] = []
     for e in group.exceptions:
-        out.extend(_flatten(e) if isinstance(e, BaseExceptionGroup) else [e])  # type: ignore[list-item]
+        out.extend(_flatten(e) if isinstance(e, BaseExceptionGroup) else [e])
     return out
 
 
@@ -698,9 +698,11 @@ def _legacy_iptables() -> bool:
 def _attachment_ips(add_stdout: bytes, attachment: AnyResult | None) -> set[str]:
     ips: set[str] = set()
     for source in (add_stdout, attachment):
+        if source is None:
+            continue
         try:
-            result = parse_result(source if isinstance(source, bytes) else source.to_json())  # type: ignore[union-attr]
-        except (ResultError, AttributeError):
+            result = parse_result(source if isinstance(source, bytes) else source.to_json())
+        except ResultError:
             continue
         ips |= {str(a.ip) for a, _ in _addresses(result)}
     return ips
