@@ -327,7 +327,7 @@ def netavark_options(i: int) -> dict[str, Any]:
 
 
 def _missing_builtins(types: tuple[str, ...] = PLUGIN_TYPES) -> list[str]:
-    from pycni.plugin import builtin_plugin
+    from pycni.sdk import builtin_plugin
 
     return [t for t in types if builtin_plugin(t) is None]
 

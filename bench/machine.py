@@ -59,7 +59,7 @@ def _debs() -> dict[str, str | None]:
 def _reference_cni_versions() -> list[str] | None:
     """The spec versions the reference bridge speaks (1.1.1 binaries report no own version)."""
     from pycni.errors import CNIError
-    from pycni.invoke import exec_version
+    from pycni.sdk.invoke import exec_version
 
     try:
         return list(exec_version("bridge", [REFERENCE_DIR], timeout=30).supported_versions)

@@ -21,8 +21,8 @@ from typing import Any
 from pycni import netns
 from pycni.backends import Backend as PluginBackend
 from pycni.backends import ExecBackend
-from pycni.invoke import VersionInfo, find_plugin, raw_exec
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
+from pycni.sdk.invoke import VersionInfo, find_plugin, raw_exec
 
 from . import rules
 from .backends import (
@@ -236,7 +236,7 @@ def runtime_overhead(samples: int, inprocess: bool, session: Session, progress: 
 
     Exec path, reference plugins, per sample: runtime ADD (recording each request and the time
     inside each backend call) → runtime DEL → raw replay of the recorded ADD requests with
-    :func:`pycni.invoke.raw_exec` (same binaries, stdin and env) from a thread already inside the
+    :func:`pycni.sdk.invoke.raw_exec` (same binaries, stdin and env) from a thread already inside the
     host namespace → raw DEL. Both sides start from the same state.
 
     * ``overhead`` = runtime ADD − Σ raw exec of the replay (the two are separate runs, so on a

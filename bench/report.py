@@ -145,7 +145,7 @@ def _overhead(doc: dict[str, Any]) -> list[str]:
         return out + [f"Not measured: {o.get('skipped') or o.get('error')}", ""]
     out.append(
         f"Exec path, reference plugins: {o['samples']} ADDs through pycni's runtime vs the summed "
-        "`pycni.invoke.raw_exec` time of the same plugin binaries with the same stdin and env, from a thread "
+        "`pycni.sdk.invoke.raw_exec` time of the same plugin binaries with the same stdin and env, from a thread "
         "already in the same host namespace (a separate run, so per-sample differences carry exec noise). "
         "`accounted` = the runtime's call minus the time inside its backend's calls of the *same* call: the "
         "runtime's own work (config and requests, entering and leaving the host namespace per plugin call, "

@@ -1,8 +1,8 @@
 """How a plugin runs: exec'd as a binary, or in-process from the built-in registry.
 
-A backend is one call, ``run(plugin_type, request)``, returning the decoded ADD output (or
-``None``; for GC a built-in plugin may return ``{"removed": [...]}``), with :meth:`find` for
-libcni's look-up-first ordering and :meth:`version_info`.
+A backend is one call, ``run(plugin_type, request)``, returning the decoded ADD output (for GC
+a built-in plugin's :class:`~pycni.sdk.GCReport` as JSON when it made one; otherwise ``None``),
+with :meth:`find` for libcni's look-up-first ordering and :meth:`version_info`.
 The request JSON and semantics are identical whichever runs it.
 """
 
@@ -18,8 +18,8 @@ from attrs import evolve
 
 from . import _json
 from .errors import CNIError, ErrorCode, InvalidArgumentError, PluginError, PluginNotFoundError
-from .invoke import VersionInfo, exec_plugin, exec_version, find_plugin
-from .plugin import Plugin, PluginRequest, builtin_plugin
+from .sdk import Plugin, PluginRequest, builtin_plugin
+from .sdk.invoke import VersionInfo, exec_plugin, exec_version, find_plugin
 
 __all__ = [
     "Backend",
@@ -111,10 +111,8 @@ class InProcessBackend:
         except Exception as e:
             log.exception("in-process plugin %s crashed on %s", plugin_type, request.command)
             raise PluginError(str(e) or type(e).__name__, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
-        if request.command == "GC" and isinstance(out, dict):
-            return out  # a built-in plugin's report of what it collected (pycni extension)
         if request.command != "ADD":
-            return None
+            return out  # GC: the plugin's GCReport as JSON, if it made one; the others: None
         return _json.loads(_json.dumps_compact(out)) if out is not None else {}
 
     def version_info(self, plugin_type: str, paths: Sequence[str]) -> VersionInfo:

@@ -31,9 +31,8 @@ import attrs
 
 from . import _json
 from ._fs import check_private_dir
-from .config import NAME_PATTERN
 from .errors import CacheError, ErrorCode, InvalidArgumentError
-from .request import validate_attachment_key
+from .sdk.validate import NAME_PATTERN, validate_attachment_key
 
 __all__ = ["ResultsCache", "CachedAttachment", "DEFAULT_CACHE_DIR", "CACHE_KIND"]
 

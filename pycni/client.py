@@ -23,7 +23,7 @@ from .cache import DEFAULT_CACHE_DIR
 from .errors import CNIError, ConfigError
 from .gocni_result import GoCNIResult
 from .request import RuntimeConf
-from .runtime import Runtime
+from .runtime import DEFAULT_PLUGIN_PATH, Runtime
 
 __all__ = [
     "CNI",
@@ -52,12 +52,8 @@ __all__ = [
     "with_capability",
     "with_labels",
     "with_args",
-    "DEFAULT_NET_DIR",
-    "DEFAULT_CNI_DIR",
 ]
 
-DEFAULT_NET_DIR = "/etc/cni/net.d"
-DEFAULT_CNI_DIR = "/opt/cni/bin"
 DEFAULT_PREFIX = "eth"
 LOOPBACK_CONFLIST = b'{"cniVersion":"0.3.1","name":"cni-loopback","plugins":[{"type":"loopback"}]}'
 
@@ -141,8 +137,8 @@ class CNI:
     def __init__(
         self,
         *,
-        plugin_dirs: Sequence[str] = (DEFAULT_CNI_DIR,),
-        conf_dir: str = DEFAULT_NET_DIR,
+        plugin_dirs: Sequence[str] = DEFAULT_PLUGIN_PATH,
+        conf_dir: str = _config.DEFAULT_CONF_DIR,
         interface_prefix: str = DEFAULT_PREFIX,
         min_network_count: int = 1,
         plugin_max_conf_num: int = 1,

@@ -15,7 +15,6 @@ with a path separator), so a bad name elsewhere in the directory does not hide a
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -23,11 +22,12 @@ import attrs
 
 from . import _json
 from . import version as _version
-from .errors import ConfigError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
+from .errors import ConfigError, NetworkNotFoundError, NoConfigsFoundError
 
 __all__ = [
     "NetworkConfig",
     "NetworkConfigList",
+    "DEFAULT_CONF_DIR",
     "conf_files",
     "conf_from_bytes",
     "conf_from_file",
@@ -37,21 +37,12 @@ __all__ = [
     "load_conf",
     "load_conflist",
     "list_networks",
-    "validate_network_name",
-    "NAME_PATTERN",
 ]
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+#: libcni's and go-cni's default network config directory.
+DEFAULT_CONF_DIR = "/etc/cni/net.d"
 CONFLIST_EXTS = (".conflist",)
 CONF_EXTS = (".conf", ".json")
-
-
-def validate_network_name(name: str) -> None:
-    """Refuse names that are empty or could leave a path component (before they touch one)."""
-    if not name:
-        raise InvalidArgumentError("missing network name:", code=7)
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-        raise InvalidArgumentError("invalid characters found in network name", str(name), code=7)
 
 
 @attrs.frozen

@@ -20,7 +20,7 @@ one applies, and ``to_json()`` gives the spec's error result. Subclasses say *wh
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ._json import kind as _kind
@@ -68,6 +68,9 @@ class CNIError(Exception):
     """
 
     default_code: int = ErrorCode.UNKNOWN
+    #: On an ADD error the runtime rolled back: the failures of that rollback's DELs (also in
+    #: the notes), so a caller can tell a clean rollback from one that left state behind.
+    rollback_errors: Sequence[CNIError] = ()
 
     def __init__(
         self,

@@ -49,7 +49,7 @@ from hypothesis import strategies as st
 
 from . import netns, strategies
 from .errors import CNIError, PluginError, PluginTimeoutError, ResultError
-from .invoke import raw_exec
+from .sdk.invoke import raw_exec
 from .types import AnyResult, Result020, parse_result
 from .version import SUPPORTED, supports_check, supports_prev_result_on_del
 

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from .errors import CNIError, ErrorCode
+
 __all__ = [
     "NetnsError",
     "entered",
@@ -52,8 +54,18 @@ _libc: ctypes.CDLL | None = None
 _bound: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar("pycni_netns", default=MappingProxyType({}))
 
 
-class NetnsError(OSError):
-    """A namespace could not be opened or entered (``errno`` says why; ENOENT = gone)."""
+class NetnsError(CNIError, OSError):
+    """A namespace could not be opened or entered (``errno`` says why; ENOENT = gone).
+
+    A :class:`~pycni.errors.CNIError` (code 999, the text an uncaught ``OSError`` gave) so that
+    it stays inside the one error tree wherever it surfaces (e.g. a runtime's bad
+    ``host_netns``), and an ``OSError`` with ``errno``/``strerror`` for the callers that branch
+    on why.
+    """
+
+    def __init__(self, err: int, strerror: str) -> None:
+        CNIError.__init__(self, f"[Errno {err}] {strerror}", code=ErrorCode.INTERNAL)
+        OSError.__init__(self, err, strerror)
 
 
 def _setns(fd: int, what: str) -> None:
@@ -81,7 +93,7 @@ def open_netns(path: str | int) -> int:
     try:
         fd = os.dup(path) if isinstance(path, int) else os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
-        raise NetnsError(e.errno, f"failed to open netns {path!r}: {e.strerror}") from None
+        raise NetnsError(e.errno or errno.EIO, f"failed to open netns {path!r}: {e.strerror}") from None
     try:
         kind = fcntl.ioctl(fd, _NS_GET_NSTYPE)
     except OSError:  # not an nsfs file

@@ -15,16 +15,13 @@ import attrs
 
 from .config import NetworkConfig
 from .errors import InvalidArgumentError
-from .plugin import PluginRequest, validate_attachment_key, validate_container_id, validate_ifname
+from .sdk import PluginRequest
 
 __all__ = [
     "RuntimeConf",
     "Attachment",
     "build_config",
     "build_request",
-    "validate_container_id",
-    "validate_ifname",
-    "validate_attachment_key",
     "format_cni_args",
     "VALID_ATTACHMENTS_KEY",
     "LEGACY_ATTACHMENTS_KEY",

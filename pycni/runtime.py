@@ -19,18 +19,12 @@ from . import netns as _netns
 from . import version as _version
 from .backends import Backend, select_backend, validate_timeout
 from .cache import DEFAULT_CACHE_DIR, CachedAttachment, ResultsCache
-from .config import NetworkConfig, NetworkConfigList, conflist_from_conf, validate_network_name
+from .config import NetworkConfig, NetworkConfigList, conflist_from_conf
 from .errors import CacheError, CNIError, InvalidArgumentError, MultiError, ResultError, VersionError
 from .failpoints import failpoint
-from .invoke import VersionInfo, inheriting
-from .request import (
-    Attachment,
-    RuntimeConf,
-    build_config,
-    build_request,
-    validate_attachment_key,
-    validate_container_id,
-)
+from .request import Attachment, RuntimeConf, build_config, build_request
+from .sdk.invoke import VersionInfo, inheriting
+from .sdk.validate import validate_attachment_key, validate_container_id, validate_network_name
 from .types import AnyResult, convert, parse_result
 
 __all__ = ["Runtime", "ReconcileReport", "DEFAULT_PLUGIN_PATH", "DRY_RUN_KEY"]
@@ -216,7 +210,7 @@ class Runtime:
     ) -> None:
         prev_json = self._convert_for_del(net, prev)
         failures = self._delete_plugins(net, ran, rt, prev_json, best_effort=True)
-        error.rollback_errors = failures  # type: ignore[attr-defined]
+        error.rollback_errors = tuple(failures)
         for failure in failures:
             error.add_note(f"rollback: {failure}")
 
@@ -358,23 +352,11 @@ class Runtime:
             return
         valid = None if valid_attachments is None else list(valid_attachments)
         keep = {(a.container_id, a.ifname) for a in valid or ()}
-        failures: list[CNIError] = []
         with self.cache.network_lock(net.name, exclusive=True):
-            for entry in self.cache.attachments():
-                if entry.network != net.name or (entry.container_id, entry.ifname) in keep:
-                    continue
-                rt = RuntimeConf(
-                    container_id=entry.container_id,
-                    netns=entry.netns,
-                    ifname=entry.ifname,
-                    args=entry.cni_args,
-                    capability_args=dict(entry.capability_args),
-                )
-                try:
-                    with self.cache.container_lock(rt.container_id) as fd, inheriting((fd,)):
-                        self._delete_locked(net, rt, best_effort=False)
-                except CNIError as e:
-                    failures.append(e.with_context(f"failed to delete stale attachment {rt.container_id} {rt.ifname}"))
+            stale = [
+                e for e in self.cache.attachments() if e.network == net.name and (e.container_id, e.ifname) not in keep
+            ]
+            failures = self._delete_stale(net, stale, best_effort=False)
             if _version.supports_gc(net.cni_version):
                 for plugin in net.plugins:
                     config = self._config(net, plugin, valid_attachments=valid, gc=True)
@@ -384,6 +366,27 @@ class Runtime:
                         failures.append(e.with_context(f"failed to GC plugin {plugin.type}"))
         if failures:
             raise failures[0] if len(failures) == 1 else MultiError(failures)
+
+    def _delete_stale(
+        self, net: NetworkConfigList, entries: Iterable[CachedAttachment], *, best_effort: bool
+    ) -> list[CNIError]:
+        """DEL each cached attachment under its container lock (the caller holds the network's);
+        returns the failures, each saying which attachment it was."""
+        failures: list[CNIError] = []
+        for entry in entries:
+            rt = RuntimeConf(
+                container_id=entry.container_id,
+                netns=entry.netns,
+                ifname=entry.ifname,
+                args=entry.cni_args,
+                capability_args=dict(entry.capability_args),
+            )
+            try:
+                with self.cache.container_lock(rt.container_id) as fd, inheriting((fd,)):
+                    self._delete_locked(net, rt, best_effort=best_effort)
+            except CNIError as e:
+                failures.append(e.with_context(f"failed to delete stale attachment {rt.container_id} {rt.ifname}"))
+        return failures
 
     def reconcile_network_list(self, net: NetworkConfigList, *, dry_run: bool = False) -> ReconcileReport:
         """GC that collects what crashes and reboots leave behind (``pycni gc --reconcile``).
@@ -398,7 +401,6 @@ class Runtime:
         attachments are valid, so what they report is what the GC itself would collect
         (the DELs take care of the stale ones).
         """
-        stale_names: list[str] = []
         collected: list[str] = []
         skipped: list[str] = []
         errors: list[str] = []
@@ -407,18 +409,9 @@ class Runtime:
             alive = [_netns.is_netns(e.netns) for e in entries]
             gone = [e for e, ok in zip(entries, alive) if not ok]
             valid = [Attachment(e.container_id, e.ifname) for e, ok in zip(entries, alive) if ok or dry_run]
-            for entry in gone:
-                stale_names.append(f"{entry.container_id}/{entry.ifname} (netns {entry.netns or '-'} gone)")
-                if dry_run:
-                    continue
-                rt = RuntimeConf(
-                    entry.container_id, entry.netns, entry.ifname, entry.cni_args, dict(entry.capability_args)
-                )
-                try:
-                    with self.cache.container_lock(rt.container_id) as fd, inheriting((fd,)):
-                        self._delete_locked(net, rt, best_effort=True)
-                except CNIError as e:
-                    errors.append(f"failed to delete stale attachment {rt.container_id} {rt.ifname}: {e}")
+            stale_names = [f"{e.container_id}/{e.ifname} (netns {e.netns or '-'} gone)" for e in gone]
+            if not dry_run:
+                errors += [str(e) for e in self._delete_stale(net, gone, best_effort=True)]
             for plugin in net.plugins:
                 builtin = self.backend.is_builtin(plugin.type)
                 version = net.cni_version

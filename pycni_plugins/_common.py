@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from pycni import netns
 from pycni._json import go_field, go_kind
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import PluginRequest
+from pycni.sdk import GCReport, PluginRequest
 from pycni.types import Result, convert, parse_result
 
 from .kernel.nft import Attachment
@@ -157,9 +157,9 @@ def valid_attachments(request: PluginRequest) -> set[tuple[str, str]]:
     return out
 
 
-def gc_report(removed: list[str]) -> dict[str, list[str]]:
+def gc_report(removed: list[str]) -> GCReport:
     """What a built-in plugin's ``gc`` returns (pycni extension; an exec'd plugin prints nothing)."""
-    return {"removed": removed}
+    return GCReport(tuple(removed))
 
 
 def nftables_status() -> None:

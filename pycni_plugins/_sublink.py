@@ -20,7 +20,7 @@ from pyroute2 import NetlinkError
 
 from pycni import netns
 from pycni.errors import CNIError
-from pycni.plugin import PluginRequest, delegate
+from pycni.sdk import PluginRequest, delegate
 from pycni.types import DNS, Interface, IPConfig, Result
 
 from ._common import fail, in_netns, ipam_result, netns_gone, prev_result

@@ -39,7 +39,7 @@ import attrs
 from pycni import netns
 from pycni import version as _version
 from pycni._json import go_kind
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import GCReport, Plugin, PluginRequest
 from pycni.types import Interface, Result
 
 from ._common import attachment, dry_run, emit, fail, gc_report, prev_result, valid_attachments
@@ -249,7 +249,7 @@ class BandwidthPlugin(Plugin):
                 if tc.ingress_redirect(ipr, host.index) != ifb_link.index:
                     raise fail(f"ingress traffic of {host.name} is not redirected to {ifb}")
 
-    def gc(self, request: PluginRequest) -> dict[str, Any]:
+    def gc(self, request: PluginRequest) -> GCReport:
         load_config(request)
         network = request.network_name
         keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid_attachments(request)}

@@ -58,8 +58,7 @@ from pycni import netns
 from pycni._json import go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
-from pycni.invoke import find_plugin
-from pycni.plugin import Plugin, PluginRequest, builtin_plugin, delegate
+from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate, find_plugin
 from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from ._common import (
@@ -305,6 +304,12 @@ def _ensure_gateway_addr(ipr: Any, br: links.Link, addr: Any, force: bool) -> No
 # --- the plugin -------------------------------------------------------------------------------
 
 
+def _masq_skeleton() -> list[nft.Section]:
+    """The masquerade skeleton sections: the shared chains and one chain per subnet seen."""
+    subnets = [layout.chain_subnet(c, "masq-") for c in nft.chains("inet")]
+    return [layout.MASQ, *(layout.masq_subnet(n) for n in subnets if n is not None)]
+
+
 class BridgePlugin(Plugin):
     type = "bridge"
 
@@ -543,7 +548,7 @@ class BridgePlugin(Plugin):
         host_veth = _check(request, conf, prev)
         _check_nft(request, conf, prev, host_veth)
 
-    def gc(self, request: PluginRequest) -> dict[str, Any]:
+    def gc(self, request: PluginRequest) -> GCReport:
         """Remove what this network's attachments not in ``cni.dev/valid-attachments`` left:
         their masquerade and spoof-check elements, their host veths (from the records: a veth
         pycni has no record of is never touched) and records, and, through the IPAM plugin's
@@ -557,21 +562,13 @@ class BridgePlugin(Plugin):
         keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid}
         _LINKS.collect(network, keep, dry, removed, errors)
         try:
-            removed += nft.collect(network, valid, _NFT_OWNERS, dry_run=dry)
-            if not dry:
-                for owner in _NFT_OWNERS:
-                    removed += nft.restore(network, valid, owner, lambda e, o=owner: layout.sections_for(o, e))
-            if conf.ip_masq and not dry:
-                subnets = [layout.chain_subnet(c, "masq-") for c in nft.chains("inet")]
-                sections = [layout.MASQ, *(layout.masq_subnet(n) for n in subnets if n is not None)]
-                removed += [f"repaired: {p}" for p in nft.repair(sections, create=False)]
+            skeleton = _masq_skeleton if conf.ip_masq else None
+            removed += nft.gc(network, valid, _NFT_OWNERS, layout.sections_for, skeleton, dry_run=dry)
         except nft.NftError as e:
             errors.append(f"failed to collect nftables elements: {e.msg}")
         if conf.ipam_type:
             try:
-                out = delegate(request, conf.ipam_type, "GC")
-                if isinstance(out, dict):
-                    removed += [str(item) for item in out.get("removed", ())]
+                removed += GCReport.from_json(delegate(request, conf.ipam_type, "GC")).removed
             except CNIError as e:
                 errors.append(f"IPAM GC failed: {e.msg}")
         if errors:

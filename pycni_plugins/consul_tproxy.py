@@ -109,15 +109,15 @@ import attrs
 
 from pycni import _json, netns
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import Plugin, PluginRequest
 from pycni.types import parse_result
+from pycni.types.consul import IptablesConfig
 
 from ._common import emit, fail, in_netns, netns_gone, prev_result
 from .kernel import nft
 
 __all__ = [
     "ConsulTproxyPlugin",
-    "TproxyConfig",
     "Ruleset",
     "decode_config",
     "ruleset",
@@ -147,22 +147,6 @@ _SETUP = "could not apply iptables setup"
 
 
 # -- CONSUL_IPTABLES_CONFIG: Go's json.Unmarshal into consul/sdk iptables.Config ---------------
-
-
-@attrs.frozen
-class TproxyConfig:
-    """consul/sdk ``iptables.Config`` as decoded (``None`` lists were nil)."""
-
-    consul_dns_ip: str = ""
-    consul_dns_port: int = 0
-    proxy_user_id: str = ""
-    proxy_inbound_port: int = 0
-    proxy_outbound_port: int = 0
-    exclude_inbound_ports: tuple[str, ...] | None = None
-    exclude_outbound_ports: tuple[str, ...] | None = None
-    exclude_outbound_cidrs: tuple[str, ...] | None = None
-    exclude_uids: tuple[str, ...] | None = None
-    netns: str = ""
 
 
 # Go field name, attribute, Go type. Keys match case-insensitively, as encoding/json does.
@@ -223,14 +207,14 @@ def _decode_field(value: Any, kind: str) -> Any:
     raise _Mismatch(value, kind)  # IptablesProvider: an interface, nothing decodes into it
 
 
-def decode_config(text: str) -> TproxyConfig:
+def decode_config(text: str) -> IptablesConfig:
     """``json.Unmarshal`` of the CNI arg into ``iptables.Config`` (consul-cni's messages)."""
     try:
         raw = _json.loads(text)
     except _json.JSONDecodeFailure as e:
         raise fail(f"could not unmarshal CNI args: {e}") from None
     if raw is None:
-        return TproxyConfig()
+        return IptablesConfig()
     if not isinstance(raw, dict):
         problem = f"json: cannot unmarshal {_go_kind(raw)} into Go value of type iptables.Config"
         raise fail(f"could not unmarshal CNI args: {problem}")
@@ -247,7 +231,7 @@ def decode_config(text: str) -> TproxyConfig:
             first = first or f"json: cannot unmarshal {e.what} into Go struct field Config.{go} of type {e.go_type}"
     if first is not None:
         raise fail(f"could not unmarshal CNI args: {first}")
-    return TproxyConfig(**values)
+    return IptablesConfig(**values)
 
 
 # -- the rules ----------------------------------------------------------------------------------
@@ -385,7 +369,7 @@ def _dns_ip(text: str) -> str:
     return str(ip)
 
 
-def ruleset(cfg: TproxyConfig) -> Ruleset:
+def ruleset(cfg: IptablesConfig) -> Ruleset:
     """consul/sdk ``Setup(cfg, dualStack=false)`` as nftables (errors are consul-cni's)."""
     dns_ip = _dns_ip(cfg.consul_dns_ip) if cfg.consul_dns_ip else ""
     if not cfg.proxy_user_id:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from pycni.failpoints import failpoint
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import GCReport, Plugin, PluginRequest
 
 from ._common import (
     Fields,
@@ -107,17 +107,17 @@ class FirewallPlugin(Plugin):
         _config(request)
         nft.release(_OWNER, attachment(request))
 
-    def gc(self, request: PluginRequest) -> dict[str, Any]:
+    def gc(self, request: PluginRequest) -> GCReport:
         """Remove the firewall elements (and records) of this network's attachments not in
         ``cni.dev/valid-attachments``, and put back lost skeleton rules and admin jumps."""
         admin, policy = _config(request)
         dry = dry_run(request)
         try:
             valid = valid_attachments(request)
-            removed = nft.collect(request.network_name, valid, (_OWNER,), dry_run=dry)
-            if not dry:
-                removed += nft.restore(request.network_name, valid, _OWNER, lambda e: _sections(admin, policy))
-                removed += [f"repaired: {p}" for p in nft.repair(_sections(admin, policy), create=False)]
+            sections = _sections(admin, policy)
+            removed = nft.gc(
+                request.network_name, valid, (_OWNER,), lambda owner, e: sections, lambda: sections, dry_run=dry
+            )
         except nft.NftError as e:
             raise fail(f"failed to collect firewall elements: {e.msg}", e.details) from e
         return gc_report(removed)

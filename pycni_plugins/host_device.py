@@ -36,7 +36,7 @@ from pyroute2 import NetlinkError
 
 from pycni import netns
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import Plugin, PluginRequest, delegate
+from pycni.sdk import Plugin, PluginRequest, delegate
 from pycni.types import Interface, IPConfig, Result
 
 from . import _sublink

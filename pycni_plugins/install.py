@@ -6,7 +6,7 @@ its request to ``pycni serve`` when one answers. Without one it runs the plugin 
 appends, after the standard library, pycni's own directory and the site directories this
 interpreter has in isolated mode (its site/dist-packages, Debian's ``python3-nftables``
 included), so it imports the same pycni, attrs and libnftables bindings, then hands over to
-:func:`pycni_plugins.skel.main` with the plugin class resolved at install time. Nothing from the
+:func:`pycni.sdk.skel.main` with the plugin class resolved at install time. Nothing from the
 installer's environment (its current directory, ``PYTHONPATH``, user site) is baked in: a plugin
 runs as root.
 """
@@ -43,15 +43,15 @@ def _shim_body() -> str:
 def _targets() -> dict[str, str]:
     from importlib.metadata import entry_points
 
-    from pycni.plugin import ENTRY_POINT_GROUP
+    from pycni.sdk.plugin import ENTRY_POINT_GROUP
 
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def list_builtin() -> list[tuple[str, str]]:
     """``(type, version)`` of every built-in plugin (the ``pycni.plugins`` entry points)."""
-    from pycni import __version__
-    from pycni.plugin import builtin_plugins
+    from pycni._version import __version__
+    from pycni.sdk import builtin_plugins
 
     return sorted((name, __version__) for name in builtin_plugins())
 
@@ -82,9 +82,9 @@ def install(directory: str, types: Iterable[str] | None = None, *, socket: str |
     root = os.path.dirname(os.path.dirname(os.path.abspath(pycni_plugins.__file__)))
     path = [root, *(p for p in _isolated_path() if p != root)]
     from pycni.errors import CNIError, ErrorCode
+    from pycni.sdk.skel import error_output
 
     from .serve import DEFAULT_SOCKET
-    from .skel import error_output
 
     unavailable = error_output(
         CNIError("pycni daemon required (PYCNI_DAEMON=required) but unreachable", code=ErrorCode.TRY_AGAIN_LATER)

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 
 from pycni import netns
-from pycni.plugin import Plugin, PluginRequest, delegate
+from pycni.sdk import GCReport, Plugin, PluginRequest, delegate
 from pycni.types import DNS
 
 from . import _sublink
@@ -142,9 +142,9 @@ class IpvlanPlugin(Plugin):
             capitalised=True,
         )
 
-    def gc(self, request: PluginRequest) -> Any:
+    def gc(self, request: PluginRequest) -> GCReport | None:
         ipam_type = load_config(request, resolve_chain=False).ipam_type
-        return delegate(request, ipam_type, "GC") if ipam_type else None
+        return GCReport.from_json(delegate(request, ipam_type, "GC")) if ipam_type else None
 
     def status(self, request: PluginRequest) -> None:
         ipam_type = load_config(request, resolve_chain=False).ipam_type

@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 
 from pycni import netns
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import GCReport, Plugin, PluginRequest
 from pycni.types import Interface, IPConfig, Result
 
 from ._common import attachment, dry_run, emit, fail, gc_report, in_netns, netns_gone, prev_result, valid_attachments
@@ -94,7 +94,7 @@ class LoopbackPlugin(Plugin):
                     raise
         _RECORDS.remove(key)
 
-    def gc(self, request: PluginRequest) -> dict[str, Any]:
+    def gc(self, request: PluginRequest) -> GCReport:
         """Remove the records of this network's attachments not in ``cni.dev/valid-attachments``
         (``lo`` itself is left alone: its namespace is gone or still used)."""
         valid = valid_attachments(request)

@@ -27,7 +27,7 @@ from pyroute2.netlink import nlmsg_atoms
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
 
 from pycni import netns
-from pycni.plugin import Plugin, PluginRequest, delegate
+from pycni.sdk import GCReport, Plugin, PluginRequest, delegate
 from pycni.types import DNS
 
 from . import _sublink
@@ -162,9 +162,9 @@ class MacvlanPlugin(Plugin):
             request, "macvlan", conf.ipam_type, _verify(conf.mode), before_container=lambda: _master(request, conf)
         )
 
-    def gc(self, request: PluginRequest) -> Any:
+    def gc(self, request: PluginRequest) -> GCReport | None:
         ipam_type = load_config(request).ipam_type
-        return delegate(request, ipam_type, "GC") if ipam_type else None
+        return GCReport.from_json(delegate(request, ipam_type, "GC")) if ipam_type else None
 
     def status(self, request: PluginRequest) -> None:
         f = Fields(request.config, "failed to load netconf")

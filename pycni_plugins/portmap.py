@@ -39,7 +39,7 @@ import attrs
 from pycni._json import go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import GCReport, Plugin, PluginRequest
 from pycni.types import Result
 
 from ._common import (
@@ -234,6 +234,12 @@ def _shadowed(att: nft.Attachment, wildcard: list[nft.Element]) -> nft.ElementCo
     return None
 
 
+def _skeleton() -> list[nft.Section]:
+    """Portmap's skeleton sections: the shared chains and one hairpin chain per subnet seen."""
+    subnets = [layout.chain_subnet(c, "hairpin-") for c in nft.chains("inet")]
+    return [layout.PORTMAP, *(layout.hairpin_subnet(n) for n in subnets if n is not None)]
+
+
 class PortmapPlugin(Plugin):
     type = "portmap"
 
@@ -304,19 +310,14 @@ class PortmapPlugin(Plugin):
     def delete(self, request: PluginRequest) -> None:
         nft.release(_OWNER, attachment(request))
 
-    def gc(self, request: PluginRequest) -> dict[str, Any]:
+    def gc(self, request: PluginRequest) -> GCReport:
         """Remove the host-port and hairpin elements (and records) of this network's attachments
         not in ``cni.dev/valid-attachments``, and put back lost skeleton rules."""
         _check_options(request)
         dry = dry_run(request)
         try:
             valid = valid_attachments(request)
-            removed = nft.collect(request.network_name, valid, (_OWNER,), dry_run=dry)
-            if not dry:
-                removed += nft.restore(request.network_name, valid, _OWNER, lambda e: layout.sections_for(_OWNER, e))
-                subnets = [layout.chain_subnet(c, "hairpin-") for c in nft.chains("inet")]
-                sections = [layout.PORTMAP, *(layout.hairpin_subnet(n) for n in subnets if n is not None)]
-                removed += [f"repaired: {p}" for p in nft.repair(sections, create=False)]
+            removed = nft.gc(request.network_name, valid, (_OWNER,), layout.sections_for, _skeleton, dry_run=dry)
         except nft.NftError as e:
             raise fail(f"failed to collect host ports: {e.msg}", e.details) from e
         return gc_report(removed)

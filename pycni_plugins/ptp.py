@@ -47,7 +47,7 @@ import attrs
 
 from pycni import netns
 from pycni.errors import CNIError
-from pycni.plugin import Plugin, PluginRequest, builtin_plugin, delegate
+from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate
 from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from ._common import (
@@ -332,7 +332,7 @@ class PtpPlugin(Plugin):
             if problem:
                 raise fail(f"ipMasq: {problem}")
 
-    def gc(self, request: PluginRequest) -> dict[str, Any]:
+    def gc(self, request: PluginRequest) -> GCReport:
         conf = load_config(request)
         valid = valid_attachments(request)
         dry = dry_run(request)

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pycni import netns
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import Plugin, PluginRequest
 from pycni.types import IPConfig, Result
 
 from ._common import Fields, emit, fail, in_netns, netns_gone, prev_result

@@ -28,7 +28,7 @@ import attrs
 from pycni import version as _version
 from pycni._json import go_kind
 from pycni.errors import CNIError
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import Plugin, PluginRequest
 from pycni.types import DNS, IPConfig, Result, Route
 from pycni.types._common import Invalid, address, cidr
 

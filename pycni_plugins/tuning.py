@@ -43,7 +43,7 @@ from typing import Any
 import attrs
 
 from pycni._json import go_kind
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import GCReport, Plugin, PluginRequest
 
 from ._common import Fields, dry_run, emit, fail, gc_report, in_netns, netns_gone, prev_result, valid_attachments
 from .kernel import links, sysctl
@@ -375,7 +375,7 @@ class TuningPlugin(Plugin):
                     return  # as upstream, DEL succeeds; the record stays for a later DEL
         records.remove(name)
 
-    def gc(self, request: PluginRequest) -> dict[str, Any]:
+    def gc(self, request: PluginRequest) -> GCReport:
         conf = load_config(request)
         records = _records(conf)
         valid = {f"{cid}_{ifname}" for cid, ifname in valid_attachments(request)}

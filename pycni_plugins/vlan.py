@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 
 from pycni import netns
-from pycni.plugin import Plugin, PluginRequest, delegate
+from pycni.sdk import GCReport, Plugin, PluginRequest, delegate
 from pycni.types import DNS
 
 from . import _sublink
@@ -127,9 +127,9 @@ class VlanPlugin(Plugin):
             prefix="vlan: ",
         )
 
-    def gc(self, request: PluginRequest) -> Any:
+    def gc(self, request: PluginRequest) -> GCReport | None:
         ipam_type = load_config(request).ipam_type
-        return delegate(request, ipam_type, "GC") if ipam_type else None
+        return GCReport.from_json(delegate(request, ipam_type, "GC")) if ipam_type else None
 
     def status(self, request: PluginRequest) -> None:
         ipam_type = load_config(request).ipam_type

@@ -34,7 +34,7 @@ from typing import Any
 
 from pycni import netns
 from pycni.errors import CNIError
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import Plugin, PluginRequest
 from pycni.types import Result
 
 from ._common import Fields, emit, fail, in_netns, netns_gone, prev_result

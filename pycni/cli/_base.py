@@ -7,7 +7,10 @@ from typing import IO, Any, TypeVar
 
 import click
 
+from ..backends import BACKEND_NAMES
+from ..cache import DEFAULT_CACHE_DIR
 from ..errors import CNIError
+from ..runtime import DEFAULT_PLUGIN_PATH
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,7 +43,7 @@ class Group(click.Group):
 def backend_option() -> Callable[[F], F]:
     return click.option(
         "--backend",
-        type=click.Choice(["exec", "inprocess", "auto"]),
+        type=click.Choice(BACKEND_NAMES),
         envvar="PYCNI_BACKEND",
         default="auto",
         show_default=True,
@@ -52,10 +55,14 @@ def cache_dir_option() -> Callable[[F], F]:
     return click.option(
         "--cache-dir",
         envvar="PYCNI_CACHE_DIR",
-        default="/var/lib/cni",
+        default=DEFAULT_CACHE_DIR,
         show_default=True,
         help="Results cache root [$PYCNI_CACHE_DIR].",
     )
+
+
+#: The plugin path of the verbs that also use distribution-packaged plugins (Debian: /usr/lib/cni).
+WITH_PACKAGED_PLUGINS = ":".join((*DEFAULT_PLUGIN_PATH, "/usr/lib/cni"))
 
 
 def plugin_path_option(default: str = "", name: str = "--plugin-path") -> Callable[[F], F]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from ._base import backend_option, plugin_path_option
+from ._base import WITH_PACKAGED_PLUGINS, backend_option, plugin_path_option
 
 if TYPE_CHECKING:
     from ..types import AnyResult
@@ -93,15 +93,15 @@ def _describe(result: AnyResult) -> str:
 
 @click.command()
 @backend_option()
-@plugin_path_option("/opt/cni/bin:/usr/lib/cni")
+@plugin_path_option(WITH_PACKAGED_PLUGINS)
 @click.option("--json", "as_json", is_flag=True, help="Also print each ADD result as JSON.")
 def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     """Run the embedded default network over two throwaway containers and prove it works."""
     from .. import _json, netns, testing
     from ..config import conflist_from_bytes
-    from ..plugin import builtin_plugin
     from ..request import RuntimeConf
     from ..runtime import Runtime
+    from ..sdk import builtin_plugin
     from ..types import convert
     from .runtime_commands import embedded_network
 
@@ -178,9 +178,9 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
         steps.expect("after DEL: no cache entries, no IPAM leases", not leftovers and not leases)
         steps.expect("after DEL: no container interfaces left", not _links(c1.path) and not _links(c2.path))
         if inproc:
-            from pycni_plugins.kernel import nft
+            from ..sdk import hooks
 
-            left = netns.run_in(host.path, nft.attachments)
+            left = netns.run_in(host.path, hooks.hook(hooks.NFT_ATTACHMENTS))
             steps.expect("after DEL: no nftables elements of either container", not left)
     click.echo("  namespaces and state removed")
     if steps.failed:

@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from ._base import Group, backend_option, cache_dir_option, plugin_path_option
+from ._base import WITH_PACKAGED_PLUGINS, Group, backend_option, cache_dir_option, plugin_path_option
 
 if TYPE_CHECKING:
     from ..nomad.models import Allocation, Node
@@ -131,7 +131,7 @@ def _run_options(fn: Any) -> Any:
         click.option("--subnet", default="172.26.64.0/20", show_default=True, help="Embedded bridge: IPv4 subnet."),
         click.option("--subnet-ipv6", default="", help="Embedded bridge: IPv6 subnet."),
         click.option("--hairpin", is_flag=True, help="Embedded bridge: hairpin mode."),
-        plugin_path_option("/opt/cni/bin:/usr/lib/cni", "--cni-path"),
+        plugin_path_option(WITH_PACKAGED_PLUGINS, "--cni-path"),
         backend_option(),
         cache_dir_option(),
         click.option("--host-netns", default=None, help="Run the plugins in this network namespace (a path)."),
@@ -175,10 +175,11 @@ def _configurator(opts: dict[str, Any], alloc: Allocation) -> Any:
 
 
 def _own_state() -> Any:
-    """pycni's own nftables elements of the alloc, removed by forced cleanup."""
-    from pycni_plugins.kernel.nft import remove_container
+    """pycni's own kernel state of the alloc, removed by forced cleanup (the plugins' hook)."""
+    from ..sdk import hooks
 
-    return lambda network, alloc_id: tuple(remove_container(network, alloc_id))
+    remove = hooks.hook(hooks.FORCED_CLEANUP)
+    return lambda network, alloc_id: tuple(remove(network, alloc_id))
 
 
 @nomad.command()

@@ -17,7 +17,7 @@ import click
 
 from .. import _json, config
 from ..errors import CNIError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
-from ..plugin import parse_cni_args
+from ..sdk import parse_cni_args
 from ._base import backend_option, cache_dir_option, plugin_path_option
 
 if TYPE_CHECKING:  # imported where used: the CLI loads the runtime lazily
@@ -28,7 +28,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = ["COMMANDS", "container_id_for", "load_network", "embedded_network", "DEFAULT_NETWORK"]
 
-DEFAULT_CONF_DIR = "/etc/cni/net.d"
 DEFAULT_NETWORK = "nomad"
 
 
@@ -105,7 +104,7 @@ def _common(fn: F) -> F:
         click.option(
             "--conf-dir",
             envvar="NETCONFPATH",
-            default=DEFAULT_CONF_DIR,
+            default=config.DEFAULT_CONF_DIR,
             show_default=True,
             help="Network configuration directory [$NETCONFPATH].",
         ),
@@ -243,7 +242,7 @@ def conf() -> None:
 _conf_dir = click.option(
     "--conf-dir",
     envvar="NETCONFPATH",
-    default=DEFAULT_CONF_DIR,
+    default=config.DEFAULT_CONF_DIR,
     show_default=True,
     help="Network configuration directory [$NETCONFPATH].",
 )

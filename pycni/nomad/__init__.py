@@ -10,6 +10,7 @@
 - :mod:`.cleanup`: forced removal of an allocation's leftover NAT state after a failed DEL.
 """
 
+from ..types.consul import IptablesConfig
 from .args import cni_args
 from .bridge import BridgeNetworkConfigurator, ensure_forwarding_rules
 from .cleanup import CleanupReport, force_cleanup
@@ -30,7 +31,7 @@ from .errors import (
 from .models import Allocation, Node
 from .ports import PortMapping, PortMappings, port_mappings
 from .status import AllocNetworkStatus, DNSConfig, alloc_net_status, result_from_json, with_consul_dns
-from .tproxy import IptablesConfig, dns_from_attrs, transparent_proxy_config
+from .tproxy import dns_from_attrs, transparent_proxy_config
 
 __all__ = [
     "Allocation",

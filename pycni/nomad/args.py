@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from ..types.consul import IptablesConfig
 from .models import Allocation, NetworkResource
-from .tproxy import IptablesConfig
 
 __all__ = ["cni_args", "add_custom_cni_args", "add_nomad_workload_cni_args", "CONSUL_IPTABLES_CONFIG"]
 

@@ -31,11 +31,12 @@ import attrs
 
 from .. import _json
 from ..errors import CNIError
+from ..sdk import hooks
 from .errors import CleanupError
 
 __all__ = [
     "NatTables",
-    "Libnftables",
+    "PluginNat",
     "CleanupReport",
     "OwnStateHook",
     "force_cleanup",
@@ -92,38 +93,24 @@ class NatTables(Protocol):
         """Run ``commands`` (libnftables JSON) as one transaction; raise CleanupError on failure."""
 
 
-class Libnftables:
-    """:class:`NatTables` over the libnftables bindings, bound to the namespace it is first used in."""
-
-    def __init__(self) -> None:
-        self._nft: Any = None
-
-    def _ctx(self) -> Any:
-        if self._nft is None:
-            try:
-                import nftables
-
-                self._nft = nftables.Nftables()
-            except (ImportError, OSError) as e:
-                raise CleanupError(f"failed to detect iptables: libnftables unavailable: {e}") from None
-        return self._nft
-
-    def _run(self, commands: Sequence[Mapping[str, Any]]) -> tuple[int, Any, str]:
-        rc, output, error = self._ctx().json_cmd({"nftables": list(commands)})
-        return rc, output, (error or "").strip()
+class PluginNat:
+    """:class:`NatTables` over the plugin package's one libnftables wrapper (hooks
+    ``nft-list-table`` and ``nft-apply``), in the namespace of the calling thread."""
 
     def list_nat(self, family: str) -> list[Mapping[str, Any]] | None:
-        rc, output, error = self._run([{"list": {"table": {"family": family, "name": TABLE}}}])
-        if rc != 0:
-            if "No such file or directory" in error:
-                return None
-            raise CleanupError(f"failed to list iptables rules: {error}")
-        return list(output.get("nftables", ())) if isinstance(output, dict) else []
+        try:
+            objects: list[Mapping[str, Any]] | None = hooks.hook(hooks.NFT_LIST_TABLE)(family, TABLE)
+        except CNIError as e:
+            raise CleanupError(f"failed to list iptables rules: {e.details or e.msg}") from None
+        except (ImportError, OSError) as e:
+            raise CleanupError(f"failed to detect iptables: libnftables unavailable: {e}") from None
+        return objects
 
     def apply(self, commands: Sequence[Mapping[str, Any]]) -> None:
-        rc, _, error = self._run(commands)
-        if rc != 0:
-            raise CleanupError("nftables transaction failed", error)
+        try:
+            hooks.hook(hooks.NFT_APPLY)(commands)
+        except CNIError as e:
+            raise CleanupError("nftables transaction failed", e.details or e.msg) from None
 
 
 @attrs.frozen
@@ -268,7 +255,7 @@ def _force_cleanup(network: str, alloc_id: str, nat: NatTables | None, own_state
     removed: list[str] = []
     errors: list[CNIError] = []
     try:
-        removed += remove_nat_leftovers(nat or Libnftables(), network, alloc_id)
+        removed += remove_nat_leftovers(nat or PluginNat(), network, alloc_id)
     except CNIError as e:
         errors.append(e)
     if own_state is not None:

@@ -49,7 +49,6 @@ __all__ = [
 ADD_ATTEMPTS = 3
 BRIDGE_VERSION_ATTR = "plugins.cni.version.bridge"
 CHECK_MIN_BRIDGE_VERSION = (1, 3, 0)
-DEFAULT_CNI_PATH = "/opt/cni/bin"
 DEFAULT_INTERFACE_PREFIX = "eth"
 
 log = logging.getLogger("pycni.nomad")
@@ -74,8 +73,9 @@ def make_client(cni_path: str = "", interface_prefix: str = "", **kwargs: Any) -
     """A client as Nomad makes one: ``cni_path`` (":"-separated) falls back to ``$CNI_PATH``, then
     ``/opt/cni/bin``; the interface prefix to ``eth``. ``kwargs`` go to :class:`pycni.client.CNI`."""
     from .. import client
+    from ..runtime import DEFAULT_PLUGIN_PATH
 
-    path = cni_path or os.environ.get("CNI_PATH") or DEFAULT_CNI_PATH
+    path = cni_path or os.environ.get("CNI_PATH") or os.pathsep.join(DEFAULT_PLUGIN_PATH)
     return client.CNI(
         plugin_dirs=[d for d in path.split(os.pathsep) if d],
         interface_prefix=interface_prefix or DEFAULT_INTERFACE_PREFIX,

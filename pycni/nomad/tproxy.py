@@ -11,9 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-import attrs
-
 from .. import _json
+from ..types.consul import IptablesConfig
 from .errors import TransparentProxyError
 from .models import Allocation, Node, Proxy, Service, TaskGroup, TransparentProxy
 from .ports import PortMappings
@@ -48,42 +47,6 @@ def _is_uint16(text: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-@attrs.frozen
-class IptablesConfig:
-    """consul/sdk ``iptables.Config`` (``None`` lists were nil in Go)."""
-
-    consul_dns_ip: str = ""
-    consul_dns_port: int = 0
-    proxy_user_id: str = ""
-    proxy_inbound_port: int = 0
-    proxy_outbound_port: int = 0
-    exclude_inbound_ports: tuple[str, ...] | None = None
-    exclude_outbound_ports: tuple[str, ...] | None = None
-    exclude_outbound_cidrs: tuple[str, ...] | None = None
-    exclude_uids: tuple[str, ...] | None = None
-    netns: str = ""
-
-    def to_json(self) -> str:
-        def strings(values: tuple[str, ...] | None) -> list[str] | None:
-            return None if values is None else list(values)
-
-        return _json.go_marshal(
-            {
-                "ConsulDNSIP": self.consul_dns_ip,
-                "ConsulDNSPort": self.consul_dns_port,
-                "ProxyUserID": self.proxy_user_id,
-                "ProxyInboundPort": self.proxy_inbound_port,
-                "ProxyOutboundPort": self.proxy_outbound_port,
-                "ExcludeInboundPorts": strings(self.exclude_inbound_ports),
-                "ExcludeOutboundPorts": strings(self.exclude_outbound_ports),
-                "ExcludeOutboundCIDRs": strings(self.exclude_outbound_cidrs),
-                "ExcludeUIDs": strings(self.exclude_uids),
-                "NetNS": self.netns,
-                "IptablesProvider": None,
-            }
-        )
 
 
 def dns_from_attrs(attributes: Mapping[str, str], cluster: str) -> tuple[str, int]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from pycni.failpoints import failpoint
-from pycni.plugin import Plugin, PluginRequest
+from pycni.sdk import GCReport, Plugin, PluginRequest
 from pycni.types import DNS
 
 from ._errors import fail
@@ -54,7 +54,7 @@ class HostLocalPlugin(Plugin):
             failpoint("host-local.del.before-release")  # lock held
             store.release(request.container_id, request.ifname, passes=len(conf.range_sets))
 
-    def gc(self, request: PluginRequest) -> dict[str, Any]:
+    def gc(self, request: PluginRequest) -> GCReport:
         """Release every lease of the network whose attachment is not in
         ``cni.dev/valid-attachments`` (a legacy bare-ID lease: whose container has no valid
         attachment), under the lock; with ``pycni.dev/dry-run`` only report them."""

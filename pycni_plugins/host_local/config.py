@@ -13,7 +13,7 @@ import attrs
 from pycni import version as _version
 from pycni._json import GoFields
 from pycni.errors import CNIError, ConfigError
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
 from pycni.types import IPAddress, Route
 from pycni.types import _common as _types
 

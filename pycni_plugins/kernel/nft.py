@@ -64,7 +64,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -79,6 +79,9 @@ __all__ = [
     "TABLE",
     "NftError",
     "ElementConflict",
+    "NftNotFound",
+    "NftBusy",
+    "NftInterrupted",
     "Attachment",
     "Element",
     "Section",
@@ -93,7 +96,11 @@ __all__ = [
     "Found",
     "attachments",
     "remove",
+    "remove_attachments",
+    "list_table",
+    "run_json",
     "collect",
+    "gc",
     "skeleton_problems",
     "repair",
     "check",
@@ -127,6 +134,35 @@ class ElementConflict(NftError):
 
     element: Element | None = None
     holder: str | None = None
+
+
+class NftNotFound(NftError):
+    """A table, chain, set or object named by the transaction does not exist (ENOENT)."""
+
+
+class NftBusy(NftError):
+    """An object the transaction deletes is still in use, e.g. a counter a rule references (EBUSY)."""
+
+
+class NftInterrupted(NftError):
+    """The kernel interrupted a read because the ruleset changed under it (EINTR): retry."""
+
+
+#: libnftables reports the kernel's errno only as its strerror text: the one place it is read.
+_BY_TEXT: tuple[tuple[str, type[NftError]], ...] = (
+    ("File exists", ElementConflict),
+    ("No such file or directory", NftNotFound),
+    ("Device or resource busy", NftBusy),
+    ("Interrupted system call", NftInterrupted),
+)
+
+
+def _error(err: str | None) -> NftError:
+    """libnftables' error text as the typed :class:`NftError` it stands for."""
+    text = (err or "").strip()
+    first = _first_line(text)
+    cls = next((c for marker, c in _BY_TEXT if marker in first), NftError)
+    return cls(first, text)
 
 
 @attrs.frozen
@@ -292,9 +328,7 @@ def run(commands: Iterable[str]) -> None:
         return
     rc, _, err = _context().cmd(text)
     if rc != 0:
-        first = _first_line(err)
-        cls = ElementConflict if "File exists" in first else NftError
-        raise cls(first, err.strip())
+        raise _error(err)
 
 
 def ensure(sections: Iterable[Section], *, force: bool = False) -> None:
@@ -572,7 +606,7 @@ def holder(element: Element) -> str | None:
     command = f"get element {element.family} {TABLE} {element.set} {{ {element.key} }}"
     for _ in range(_READ_RETRIES):
         rc, out, err = _context().cmd(command)
-        if rc == 0 or "Interrupted system call" not in (err or ""):
+        if rc == 0 or not isinstance(_error(err), NftInterrupted):
             break
     if rc != 0 or "elements = {" not in out:
         return None
@@ -673,7 +707,7 @@ def remove(key: str) -> None:
             _RECORDS.remove(name)
 
 
-# -- appended: whole-table listing (consul-cni's CHECK) and per-container forced cleanup ----------
+# -- appended: whole-table listing and JSON transactions (consul-cni's CHECK, forced cleanup) ------
 
 
 def list_table(family: str, name: str) -> list[dict[str, Any]] | None:
@@ -682,10 +716,18 @@ def list_table(family: str, name: str) -> list[dict[str, Any]] | None:
     (it lists every element of every set in the table)."""
     rc, out, err = _context().json_cmd({"nftables": [{"list": {"table": {"family": family, "name": name}}}]})
     if rc != 0:
-        if "No such file or directory" in (err or ""):
+        error = _error(err)
+        if isinstance(error, NftNotFound):
             return None
-        raise NftError(_first_line(err or ""), (err or "").strip())
+        raise error
     return [obj for obj in (out or {}).get("nftables", ()) if "metainfo" not in obj]
+
+
+def run_json(commands: Sequence[Mapping[str, Any]]) -> None:
+    """Apply libnftables JSON ``commands`` as one transaction; :class:`NftError` on failure."""
+    rc, _, err = _context().json_cmd({"nftables": list(commands)})
+    if rc != 0:
+        raise _error(err)
 
 
 def _describe(found: Found) -> str:
@@ -712,38 +754,22 @@ def _json_text(value: Any) -> str:
     return str(value)
 
 
-def _owned_by(group: dict[str, Any], key: str, network: str, container_id: str) -> bool:
-    """Whether an :func:`attachments` group belongs to (network, container_id), any ifname."""
-    record = group.get("record")
-    if isinstance(record, dict):
-        return bool(record.get("network") == network and record.get("container_id") == container_id)
-    parts: list[str] = group.get("comment", "").split(" ")
-    if len(parts) < 5:
-        return False
-    # The key hashes the exact triple: recomputing it from the comment's ifname is exact. A
-    # sanitised or cut ifname cannot be rehashed; then the (sanitised) names must match.
-    if Attachment(network, container_id, parts[4]).key == key:
-        return True
-    safe = Attachment(network, container_id, "").comment("x").split(" ")
-    return parts[2] == safe[2] and parts[3] == safe[3]
+def remove_attachments(match: Callable[[str, dict[str, Any]], bool], what: str) -> list[str]:
+    """Remove every element and state record of the attachments whose :func:`attachments`
+    group ``match(key, group)`` accepts (any owner), in the calling thread's namespace; returns
+    what was removed. ``what`` names them in the error.
 
-
-def remove_container(network: str, container_id: str) -> list[str]:
-    """Remove every pycni element and state record of ``container_id`` on ``network`` (any
-    interface, any owner) in the calling thread's namespace; returns what was removed.
-
-    For forced cleanup after a failed DEL (Nomad's ``forceCleanup``): the elements are found by
-    listing pycni's tables (O(n)) and deleted in one transaction ("add, then delete", so an
-    element that vanished meanwhile is no error). If that transaction fails (another attachment
-    took a key over since), elements are removed one by one, leaving alone what is not ours.
+    The elements are found by listing pycni's tables (O(n)) and deleted in one transaction
+    ("add, then delete", so an element that vanished meanwhile is no error). If that transaction
+    fails (another attachment took a key over since), elements are removed one by one, leaving
+    alone what is not ours.
     """
-    groups = attachments()
-    keys = {key for key, group in groups.items() if _owned_by(group, key, network, container_id)}
+    keys = {key for key, group in attachments().items() if match(key, group)}
     found = [f for f in _listing() if f.comment.split(" ")[0] in keys]
     _remove_found(found)
     left = [f for f in _listing() if f.comment.split(" ")[0] in keys] if found else []
     if left:
-        raise NftError(f"could not remove {len(left)} element(s) of {container_id} on {network}", _describe(left[0]))
+        raise NftError(f"could not remove {len(left)} element(s) of {what}", _describe(left[0]))
     removed = [_describe(f) for f in found]
     for name in _RECORDS.names():
         if name != _EPOCH and name.split(".", 1)[0] in keys and _RECORDS.remove(name):
@@ -959,6 +985,30 @@ def collect(
         for name in records:
             _RECORDS.remove(name)
     return described
+
+
+def gc(
+    network: str,
+    valid: Iterable[tuple[str, str]],
+    owners: Sequence[str],
+    sections_for: Callable[[str, list[Element]], Iterable[Section]],
+    skeleton: Callable[[], Iterable[Section]] | None,
+    *,
+    dry_run: bool = False,
+) -> list[str]:
+    """One plugin's nftables GC: :func:`collect` the elements of ``owners`` that no valid
+    attachment of ``network`` holds; unless ``dry_run``, :func:`restore` the valid attachments'
+    lost elements (``sections_for(owner, elements)``) and :func:`repair` the ``skeleton()``
+    sections that exist. Returns what was removed, restored and repaired."""
+    valid = list(valid)
+    removed = collect(network, valid, owners, dry_run=dry_run)
+    if dry_run:
+        return removed
+    for owner in owners:
+        removed += restore(network, valid, owner, lambda e, o=owner: sections_for(o, e))
+    if skeleton is not None:
+        removed += [f"repaired: {p}" for p in repair(skeleton(), create=False)]
+    return removed
 
 
 def restore(

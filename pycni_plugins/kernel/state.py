@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any, Literal, overload
 
 from pycni._fs import check_private_dir
-from pycni.plugin import environ
+from pycni.sdk import environ
 
 __all__ = ["DEFAULT_STATE_DIR", "state_dir", "Records"]
 

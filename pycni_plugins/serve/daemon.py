@@ -1,5 +1,5 @@
 """The daemon behind the shims: each request runs the built-in plugin in-process, in exactly the
-namespaces the caller passed, through the same :func:`pycni_plugins.skel.respond` an exec'd
+namespaces the caller passed, through the same :func:`pycni.sdk.skel.respond` an exec'd
 plugin uses — so the bytes that go back are the ones the plugin would have printed.
 
 One thread per connection reads and checks the request; a fixed pool of ``workers`` threads runs
@@ -14,7 +14,7 @@ at once and ``queue`` more wait up to ``wait`` seconds; beyond that the answer i
 caller's inherited fds (the runtime's container lock) until the plugin is done. The worker
 enters the caller's network namespace (``setns`` on the fd it sent) and binds ``CNI_NETNS`` to
 the fd the caller opened (:func:`pycni.netns.bound`); the plugin sees the caller's
-``CNI_*``/``PYCNI_*`` variables (:func:`pycni.plugin.environment`) and its warnings go to the
+``CNI_*``/``PYCNI_*`` variables (:func:`pycni.sdk.environment`) and its warnings go to the
 caller's stderr, as they would in an exec'd plugin. The wire format is described in
 :mod:`.shim`.
 """
@@ -40,11 +40,11 @@ from typing import TextIO
 
 import attrs
 
-from pycni import __version__, netns
+from pycni import netns
+from pycni._version import __version__
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import Plugin, builtin_plugin, builtin_plugins, environment
-
-from ..skel import error_output, respond
+from pycni.sdk import Plugin, builtin_plugin, builtin_plugins, environment
+from pycni.sdk.skel import error_output, respond
 
 __all__ = ["Limits", "Daemon", "DaemonError", "listen", "systemd_listener", "check", "run"]
 

@@ -48,7 +48,7 @@ def _at(data: bytes, offset: int) -> int:
 
 def _local(stdin: bytes) -> None:
     sys.path += [p for p in FALLBACK_PATH if p not in sys.path]  # after the standard library
-    from pycni_plugins.skel import main
+    from pycni.sdk.skel import main
 
     main(PLUGIN_TYPE, TARGET, stdin)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.session import namespaces_with_prefix
-from pycni.plugin import builtin_plugin
+from pycni.sdk import builtin_plugin
 
 pytestmark = [pytest.mark.privileged, pytest.mark.reference]
 

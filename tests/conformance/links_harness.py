@@ -20,10 +20,10 @@ from typing import Any
 
 from pycni import netns, testing
 from pycni.config import conflist_from_bytes
-from pycni.invoke import exec_plugin
-from pycni.plugin import PluginRequest, builtin_plugin
 from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.sdk import PluginRequest, builtin_plugin
+from pycni.sdk.invoke import exec_plugin
 from pycni.types import AnyResult
 from pycni_plugins import install
 from tests.conftest import REFERENCE_PLUGIN_DIR, TEST_NS_PREFIX

@@ -108,7 +108,7 @@ def test_hostile_sbr_configs_are_refused_before_anything_changes(make_netns, tmp
 
 
 def test_sbr_del_with_the_namespace_gone_succeeds(make_netns, tmp_path):
-    from pycni.plugin import PluginRequest
+    from pycni.sdk import PluginRequest
     from pycni_plugins.sbr import SbrPlugin
 
     conf = {"cniVersion": "1.0.0", "name": "n", "type": "sbr"}

@@ -22,7 +22,7 @@ import attrs
 
 from pycni import netns
 from pycni.errors import CNIError
-from pycni.plugin import PluginRequest, builtin_plugin
+from pycni.sdk import PluginRequest, builtin_plugin
 from tests.conftest import REFERENCE_PLUGIN_DIR
 
 IMPLS = ("go", "inproc", "exec")

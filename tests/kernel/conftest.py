@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pycni import netns
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
 
 
 @pytest.fixture(autouse=True)

@@ -17,8 +17,9 @@ import pytest
 
 from pycni import netns
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import PluginRequest
-from pycni_plugins.consul_tproxy import ConsulTproxyPlugin, TproxyConfig, decode_config, ruleset, verify
+from pycni.sdk import PluginRequest
+from pycni.types.consul import IptablesConfig
+from pycni_plugins.consul_tproxy import ConsulTproxyPlugin, decode_config, ruleset, verify
 from tests.helpers.traffic import listening, tcp_as, udp_query, veth
 
 PLUGIN = ConsulTproxyPlugin()
@@ -180,8 +181,8 @@ def test_decoding_follows_go() -> None:
     cfg = decode_config(
         '{"proxyuserid":"101","PROXYINBOUNDPORT":1,"Other":true,"ExcludeUIDs":null,"ExcludeOutboundPorts":[null]}'
     )
-    assert cfg == TproxyConfig(proxy_user_id="101", proxy_inbound_port=1, exclude_outbound_ports=("",))
-    assert decode_config("null") == TproxyConfig()
+    assert cfg == IptablesConfig(proxy_user_id="101", proxy_inbound_port=1, exclude_outbound_ports=("",))
+    assert decode_config("null") == IptablesConfig()
     assert decode_config(json.dumps(K8S_TEST_CONFIG)).exclude_uids == ("1", "42")
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from pycni import netns
 from pycni.config import conflist_from_bytes
-from pycni.plugin import PluginRequest, builtin_plugin
 from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.sdk import PluginRequest, builtin_plugin
 from pycni_plugins.macvlan import MacvlanPlugin
 
 DHCP_RESULT = {

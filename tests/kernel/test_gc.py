@@ -18,14 +18,14 @@ import sys
 import pytest
 
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
+from pycni.sdk.skel import run as skel_run
 from pycni_plugins.bridge import BridgePlugin
 from pycni_plugins.firewall import FirewallPlugin
 from pycni_plugins.host_local import HostLocalPlugin
 from pycni_plugins.host_local import lease_cache as hl_cache
 from pycni_plugins.kernel import layout, nft
 from pycni_plugins.portmap import PortmapPlugin
-from pycni_plugins.skel import run as skel_run
 
 pytestmark = pytest.mark.privileged
 

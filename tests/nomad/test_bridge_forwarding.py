@@ -15,16 +15,17 @@ import pytest
 
 from pycni import netns
 from pycni.errors import ConfigError
-from pycni.nomad.bridge import BridgeNetworkConfigurator, ensure_forwarding_rules, forwarding_rule_commands
-from pycni.nomad.conflist import BridgeConfig
+from pycni.nomad.bridge import BridgeNetworkConfigurator, ensure_forwarding_rules
+from pycni.nomad.conflist import ADMIN_CHAIN, BridgeConfig
 from pycni.nomad.errors import ForwardingRulesError
 from pycni.nomad.models import Allocation, Node
+from pycni_plugins.nomad import forwarding_rule_commands
 
 from .conftest import fixture_json
 
 
 def test_the_transaction() -> None:
-    commands = forwarding_rule_commands("nomad", "172.26.64.0/20", 4)
+    commands = forwarding_rule_commands(ADMIN_CHAIN, "nomad", "172.26.64.0/20", 4)
     counter = commands[0].split()[-1]
     assert re.fullmatch(r"nomad-admin-4-[0-9a-f]{16}", counter)
     assert commands == [
@@ -34,7 +35,7 @@ def test_the_transaction() -> None:
         f'add rule inet pycni NOMAD-ADMIN oifname "nomad" ip daddr 172.26.64.0/20 counter name "{counter}" accept'
         ' comment "-o nomad -d 172.26.64.0/20 -j ACCEPT"',
     ]
-    v6 = forwarding_rule_commands("nomad", "fd00:a::1/64", 6)[-1]
+    v6 = forwarding_rule_commands(ADMIN_CHAIN, "nomad", "fd00:a::1/64", 6)[-1]
     assert "ip6 daddr fd00:a::/64" in v6  # host bits masked, as iptables does
 
 
@@ -50,7 +51,9 @@ def test_the_transaction() -> None:
 )
 def test_inputs_are_validated(bridge: str, subnet: str, version: int, message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        forwarding_rule_commands(bridge, subnet, version)
+        ensure_forwarding_rules(bridge, subnet) if version == 4 else ensure_forwarding_rules(
+            bridge, "10.0.0.0/8", subnet
+        )
     assert info.value.msg == message
 
 

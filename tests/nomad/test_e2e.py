@@ -29,7 +29,7 @@ from pycni.nomad.cleanup import CleanupReport, force_cleanup, masquerade_chain, 
 from pycni.nomad.configurator import make_client
 from pycni.nomad.errors import CheckFailedError
 from pycni.nomad.models import Allocation, Node
-from pycni_plugins.kernel.nft import remove_container
+from pycni_plugins.nomad import remove_container
 from tests.helpers import kernel
 from tests.helpers.traffic import listening, tcp_as, udp_query
 

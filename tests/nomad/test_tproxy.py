@@ -10,7 +10,8 @@ import pytest
 from pycni.nomad.errors import TransparentProxyError
 from pycni.nomad.models import Allocation, Node
 from pycni.nomad.ports import port_mappings
-from pycni.nomad.tproxy import IptablesConfig, dns_from_attrs, parse_uint16, transparent_proxy_config
+from pycni.nomad.tproxy import dns_from_attrs, parse_uint16, transparent_proxy_config
+from pycni.types.consul import IptablesConfig
 
 from .conftest import group, mock_connect_alloc
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pycni import strategies as cs
 from pycni.config import conf_from_bytes, conflist_from_bytes
 from pycni.errors import CNIError, ConfigError, ResultError
-from pycni.plugin import PluginRequest, builtin_plugin, parse_cni_args
+from pycni.sdk import PluginRequest, builtin_plugin, parse_cni_args
 from pycni.types import parse_result
 
 SETTINGS = settings(max_examples=100, deadline=None, database=None)

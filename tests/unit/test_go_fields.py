@@ -7,7 +7,7 @@ import pytest
 
 from pycni._json import GoFields, go_field, loads
 from pycni.nomad.models import Allocation
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
 from pycni_plugins import bridge, host_local, portmap
 from pycni_plugins.consul_tproxy import decode_config
 from tests.nomad.conftest import group, mock_connect_alloc

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
 from pycni_plugins.host_local import HostLocalPlugin
 from pycni_plugins.host_local import lease_cache as hl_cache
 from pycni_plugins.host_local.disk import DiskStore

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
 from pycni_plugins.host_local.allocator import allocate
 from pycni_plugins.host_local.config import HostLocalConfig, load_config
 from pycni_plugins.host_local.disk import DiskStore

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from pycni.errors import CNIError
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
 from pycni_plugins.host_local import HostLocalPlugin
 from pycni_plugins.host_local import lease_cache as hl_cache
 from pycni_plugins.host_local.disk import DiskStore
@@ -118,7 +118,7 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 CHILD = """
 import json, sys
 from pycni.errors import CNIError
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
 from pycni_plugins import host_local
 from pycni_plugins.host_local import lease_cache as hl_cache
 

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from pycni.errors import PluginError, PluginNotFoundError, PluginTimeoutError, ResultError
-from pycni.invoke import decode_version_info, exec_plugin, exec_version, find_plugin
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
+from pycni.sdk.invoke import decode_version_info, exec_plugin, exec_version, find_plugin
 from tests.helpers.fake import alive
 
 
@@ -112,7 +112,7 @@ class TestExec:
             exec_plugin("fake-a", request(fake_plugins, ADD={"stdout": stdout}))
 
     def test_output_is_capped(self, fake_plugins, monkeypatch):
-        monkeypatch.setattr("pycni.invoke.MAX_OUTPUT", 1 << 20)
+        monkeypatch.setattr("pycni.sdk.invoke.MAX_OUTPUT", 1 << 20)
         with pytest.raises(PluginError, match="more than"):
             exec_plugin("fake-a", request(fake_plugins, ADD={"big": 8 << 20}))
 

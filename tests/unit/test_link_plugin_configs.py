@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pycni.errors import CNIError
-from pycni.plugin import PluginRequest
+from pycni.sdk import PluginRequest
 from pycni_plugins import ipvlan, macvlan, vlan
 from pycni_plugins.kernel.links import Link
 

@@ -12,9 +12,8 @@ from pycni.request import (
     build_config,
     build_request,
     format_cni_args,
-    validate_container_id,
-    validate_ifname,
 )
+from pycni.sdk import validate_container_id, validate_ifname
 
 
 def plugin(**raw):

@@ -13,6 +13,7 @@ from pycni.config import conflist_from_bytes
 from pycni.errors import (
     CacheError,
     CNIError,
+    ErrorCode,
     InvalidArgumentError,
     MultiError,
     PluginError,
@@ -20,9 +21,9 @@ from pycni.errors import (
     PluginTimeoutError,
     VersionError,
 )
-from pycni.plugin import Plugin
 from pycni.request import Attachment, RuntimeConf
 from pycni.runtime import Runtime
+from pycni.sdk import GCReport, Plugin
 from tests.helpers.fake import alive
 
 NOBODY = 65534
@@ -170,6 +171,26 @@ class TestAdd:
             ("fake-b", "DEL"),
             ("fake-a", "DEL"),
         ]
+
+    def test_a_failed_rollback_is_reported_on_the_add_error(self, runtime, fake_plugins):
+        n = net(
+            fake_plugins,
+            fake_plugins.plugin("fake-a", DEL={"error": {"code": 11, "msg": "stuck"}}),
+            fake_plugins.plugin("fake-b", ADD={"error": {"code": 5, "msg": "nope"}}),
+        )
+        with pytest.raises(PluginError, match="nope") as e:
+            runtime.add_network_list(n, RT, rollback=True)
+        assert [f.msg for f in e.value.rollback_errors] == ["stuck"]
+        assert PluginError("clean").rollback_errors == ()
+
+    def test_a_host_netns_that_cannot_be_entered_is_a_cni_error(self, fake_plugins, tmp_path):
+        runtime = Runtime(
+            [str(fake_plugins.dir)], cache_dir=str(tmp_path / "cache"), backend="exec", host_netns=str(tmp_path / "no")
+        )
+        with pytest.raises(CNIError, match="cannot enter network namespace|failed to open netns") as e:
+            runtime.add_network_list(net(fake_plugins, fake_plugins.plugin("fake-a")), RT)
+        assert e.value.code == ErrorCode.INTERNAL
+        assert fake_plugins.calls() == []
 
     def test_an_attachment_cached_in_another_netns_is_refused_before_any_plugin_and_not_rolled_back(
         self, runtime, fake_plugins
@@ -545,7 +566,7 @@ class Collector(Plugin):
     def gc(self, request):
         self.gc_calls.append(dict(request.config))
         dry = request.config.get("pycni.dev/dry-run", False)
-        return {"removed": ["lease 198.18.0.9 of ghost/eth0" + (" (would)" if dry else "")]}
+        return GCReport(("lease 198.18.0.9 of ghost/eth0" + (" (would)" if dry else ""),))
 
 
 class TestReconcile:

@@ -1,7 +1,7 @@
-"""The plugin interface: what an in-process plugin receives and implements.
+"""The plugin contract: what a plugin implements, how built-in ones are found, delegation.
 
-A plugin gets the same :class:`PluginRequest` whether the runtime called it in-process or it was
-exec'd as a binary (``pycni_plugins.skel`` decodes env + stdin into one), so both paths are one
+A plugin gets the same :class:`~.request.PluginRequest` whether the runtime called it in-process
+or it was exec'd as a binary (:mod:`.skel` decodes env + stdin into one), so both paths are one
 code path inside the plugin. In-process plugins are found through the ``pycni.plugins`` entry
 point group, keyed by CNI type.
 
@@ -13,79 +13,33 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 import os
-import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from functools import cache
 from typing import Any
 
 import attrs
 
-from . import _json
-from . import version as _version
-from .errors import CNIError, ErrorCode, InvalidArgumentError, PluginError, PluginNotFoundError
+from .. import version as _version
+from ..errors import CNIError, ErrorCode, PluginError, PluginNotFoundError
+from ..types._common import str_tuple
+from .invoke import exec_plugin
+from .request import PluginRequest
 
 __all__ = [
     "COMMANDS",
-    "PluginRequest",
+    "ENTRY_POINT_GROUP",
+    "GCReport",
     "Plugin",
-    "parse_cni_args",
-    "load_args",
     "builtin_plugins",
     "builtin_plugin",
     "delegate",
     "environ",
     "environment",
-    "validate_container_id",
-    "validate_ifname",
-    "validate_attachment_key",
-    "PARENT_PID_ENV",
 ]
 
 COMMANDS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")
 ENTRY_POINT_GROUP = "pycni.plugins"
-#: Set by pycni for every plugin it execs: the PID of the process that exec'd it, so an installed
-#: pycni plugin can tell at start-up that its runtime died before it got going.
-PARENT_PID_ENV = "PYCNI_PARENT_PID"
-_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
-_NAME_MAX = 255  # bytes in one file name (ext4, tmpfs, xfs, btrfs)
-
-
-def validate_container_id(container_id: str) -> None:
-    """libcni's rule (missing: code 3; anything but ``[A-Za-z0-9][A-Za-z0-9_.-]*``: code 4)."""
-    if not container_id:
-        raise InvalidArgumentError("missing containerID", code=ErrorCode.UNKNOWN_CONTAINER)
-    if not _ID_PATTERN.fullmatch(container_id):
-        raise InvalidArgumentError("invalid characters in containerID", container_id)
-
-
-def validate_ifname(ifname: str) -> None:
-    """Linux interface name rules (IFNAMSIZ): 1..15 bytes, not ``.``/``..``, no ``/ :`` or spaces."""
-    if not ifname:
-        raise InvalidArgumentError("interface name is empty")
-    if len(ifname.encode("utf-8", "surrogatepass")) > 15:
-        raise InvalidArgumentError("interface name is too long", "interface name should be less than 16 characters")
-    if ifname in (".", ".."):
-        raise InvalidArgumentError("interface name is . or ..")
-    if any(c in "/:" or c.isspace() or c == "\x00" for c in ifname):
-        raise InvalidArgumentError("interface name contains / or : or whitespace characters")
-
-
-def validate_attachment_key(network: str, container_id: str, ifname: str) -> None:
-    """Container ID and ifname valid, and ``<network>-<containerID>-<ifname>`` (the cache file
-    name; the longest name derived from an attachment) fits in one file name: otherwise an ADD
-    would fail at its cache write after the plugins have run, and an ID too long for a file name
-    is too long for every record keyed by it. Code 4, before anything changes."""
-    validate_container_id(container_id)
-    validate_ifname(ifname)
-    if len(f"{network}-{container_id}-{ifname}".encode()) > _NAME_MAX:
-        raise InvalidArgumentError(
-            "containerID is too long",
-            f"<network>-<containerID>-<ifname> must fit in {_NAME_MAX} bytes (a file name); "
-            f"the containerID has {len(container_id)}",
-        )
-
 
 _environ: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
     "pycni_plugin_environ", default=None
@@ -107,108 +61,30 @@ def environment(env: Mapping[str, str]) -> Iterator[None]:
         _environ.reset(token)
 
 
-def parse_cni_args(text: str) -> list[tuple[str, str]]:
-    """Split ``K=V;K2=V2`` strictly (each pair exactly one ``=``, both sides non-empty)."""
-    if not text:
-        return []
-    pairs = []
-    for item in text.split(";"):
-        parts = item.split("=")
-        if len(parts) != 2 or not parts[0] or not parts[1]:
-            raise InvalidArgumentError(f'invalid CNI_ARGS pair "{item}"')
-        pairs.append((parts[0], parts[1]))
-    return pairs
-
-
-def load_args(text: str, known: Iterable[str]) -> dict[str, str]:
-    """Plugin-side ``CNI_ARGS`` as Go's ``types.LoadArgs`` reads them into a plugin's struct.
-
-    Each pair must split into exactly two parts on ``=`` (an empty value is allowed); keys outside
-    ``known`` are an error unless ``IgnoreUnknown`` is ``1``/``true``. Returns the known keys.
-    Errors are plugin-internal (code 999) with Go's texts.
-    """
-    found: dict[str, str] = {}
-    unknown: list[str] = []
-    ignore_unknown = False
-    wanted = set(known)
-    for pair in text.split(";") if text else ():
-        parts = pair.split("=")
-        if len(parts) != 2:
-            raise CNIError(f"ARGS: invalid pair {_json.go_quote(pair)}", code=ErrorCode.INTERNAL)
-        key, value = parts
-        if key == "IgnoreUnknown":
-            if value.lower() not in ("1", "true", "0", "false"):
-                raise CNIError(
-                    f"ARGS: error parsing value of pair {_json.go_quote(pair)}: "
-                    f"boolean unmarshal error: invalid input {value.lower()}",
-                    code=ErrorCode.INTERNAL,
-                )
-            ignore_unknown = value.lower() in ("1", "true")
-        elif key in wanted:
-            found[key] = value
-        else:
-            unknown.append(pair)
-    if unknown and not ignore_unknown:
-        raise CNIError(f"ARGS: unknown args [{' '.join(map(_json.go_quote, unknown))}]", code=ErrorCode.INTERNAL)
-    return found
-
-
 @attrs.frozen
-class PluginRequest:
-    """One plugin invocation: the six ``CNI_*`` parameters and the decoded stdin ``config``."""
+class GCReport:
+    """What a built-in plugin's ``gc`` collected (or, dry run, would collect): a pycni extension
+    the in-process runtime passes on; an exec'd plugin prints nothing for GC, as the spec says."""
 
-    command: str
-    config: Mapping[str, Any]
-    container_id: str = ""
-    netns: str = ""
-    ifname: str = ""
-    args: str = ""
-    path: tuple[str, ...] = ()
+    removed: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
 
-    @property
-    def cni_version(self) -> str:
-        value = _json.go_field(self.config, "cniVersion")
-        return value if isinstance(value, str) else ""
+    def to_json(self) -> dict[str, list[str]]:
+        return {"removed": list(self.removed)}
 
-    @property
-    def network_name(self) -> str:
-        value = _json.go_field(self.config, "name")
-        return value if isinstance(value, str) else ""
-
-    @property
-    def prev_result(self) -> Mapping[str, Any] | None:
-        value = _json.go_field(self.config, "prevResult")
-        return value if isinstance(value, Mapping) else None
-
-    @property
-    def runtime_config(self) -> Mapping[str, Any]:
-        value = _json.go_field(self.config, "runtimeConfig")
-        return value if isinstance(value, Mapping) else {}
-
-    def load_args(self, *known: str) -> dict[str, str]:
-        """The ``known`` keys of ``CNI_ARGS``, with Go's ``LoadArgs`` rules (see :func:`load_args`)."""
-        return load_args(self.args, known)
-
-    def stdin(self) -> bytes:
-        return json.dumps(self.config, separators=(",", ":")).encode()
-
-    def env(self) -> dict[str, str]:
-        return {
-            "CNI_COMMAND": self.command,
-            "CNI_CONTAINERID": self.container_id,
-            "CNI_NETNS": self.netns,
-            "CNI_IFNAME": self.ifname,
-            "CNI_ARGS": self.args,
-            "CNI_PATH": ":".join(self.path),
-        }
+    @classmethod
+    def from_json(cls, data: Any) -> GCReport:
+        """A delegate's GC output (:func:`delegate`): its report, or an empty one (an exec'd
+        delegate prints nothing)."""
+        removed = data.get("removed", ()) if isinstance(data, Mapping) else ()
+        return cls(tuple(str(item) for item in removed))
 
 
 class Plugin:
     """Base class of in-process plugins. Commands a plugin does not implement succeed.
 
     ``add`` returns the result as a JSON object at the request's ``cniVersion``; ``gc`` may
-    return a report of what it removed; the other commands return ``None``. Failures are raised
-    as :class:`~pycni.errors.CNIError`.
+    return a :class:`GCReport`; the other commands return ``None``. Failures are raised as
+    :class:`~pycni.errors.CNIError`.
     """
 
     #: The CNI ``type`` this plugin answers to.
@@ -224,7 +100,7 @@ class Plugin:
     def delete(self, request: PluginRequest) -> None:
         return None
 
-    def gc(self, request: PluginRequest) -> dict[str, Any] | None:
+    def gc(self, request: PluginRequest) -> GCReport | None:
         return None
 
     def status(self, request: PluginRequest) -> None:
@@ -242,7 +118,10 @@ class Plugin:
         return {"cniVersion": _version.CURRENT, "supportedVersions": list(self.supported_versions)}
 
     def handle(self, request: PluginRequest) -> dict[str, Any] | None:
-        """Dispatch ``request.command`` after the version gates every CNI plugin applies."""
+        """Dispatch ``request.command`` after the version gates every CNI plugin applies.
+
+        Returns the command's JSON output: ADD's result, VERSION's info, GC's report (if any);
+        ``None`` for the others."""
         cmd = request.command
         if cmd == "VERSION":
             return self.version_info()
@@ -275,7 +154,8 @@ class Plugin:
         if cmd == "GC":
             if not _version.supports_gc(version):
                 raise CNIError("config version does not allow GC", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
-            return self.gc(request)
+            report = self.gc(request)
+            return None if report is None else report.to_json()
         if not _version.supports_status(version):
             raise CNIError("config version does not allow STATUS", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
         self.status(request)
@@ -285,7 +165,7 @@ class Plugin:
 def _is_own_netns(path: str) -> bool:
     if environ().get("CNI_NETNS_OVERRIDE") == "1":
         return False
-    from . import netns  # the plugins have it loaded; the runtime need not
+    from .. import netns  # the plugins have it loaded; the runtime need not
 
     try:
         return netns.identity(path) == netns.identity("/proc/thread-self/ns/net")
@@ -341,8 +221,6 @@ def delegate(
             raise
         except Exception as e:  # a bug in a delegate must still come back as a CNI error
             raise PluginError(str(e) or type(e).__name__, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
-    from .invoke import exec_plugin
-
     try:
         return exec_plugin(plugin_type, sub, timeout=timeout, env=environ())
     except PluginNotFoundError as e:

@@ -1,6 +1,6 @@
 """Run a built-in plugin as a standard exec'd CNI plugin (Go's ``pkg/skel``, observable parts).
 
-``CNI_*`` env + stdin become the same :class:`~pycni.plugin.PluginRequest` the in-process path
+``CNI_*`` env + stdin become the same :class:`~.request.PluginRequest` the in-process path
 uses, so both paths are one code path inside the plugin. Output as Go's skel prints it:
 
 * a result: ``MarshalIndent`` with 4 spaces and no trailing newline; 1.x results with their
@@ -10,7 +10,7 @@ uses, so both paths are one code path inside the plugin. Output as Go's skel pri
 * an error: ``{"code", "msg", "details"?}`` indented on stdout, exit status 1. Env checks and
   codes: missing variables (4), container ID (3 missing, 4 invalid), network name (7),
   interface name (4), undecodable config (6), unknown command (4); the plugin's own netns passed
-  as ``CNI_NETNS`` is refused before anything changes (:meth:`pycni.plugin.Plugin.handle`).
+  as ``CNI_NETNS`` is refused before anything changes (:meth:`.plugin.Plugin.handle`).
 
 GC prints nothing on success (a built-in plugin's report of what it collected is for the
 in-process runtime only). An installed plugin dies with the process that exec'd it (at once
@@ -18,8 +18,8 @@ under pycni, within 20 ms under another runtime), and one whose runtime died whi
 starting stops before changing anything: a runtime killed mid-ADD must not leave its plugin
 running on, racing the DEL that recovers from the crash.
 
-Usage: ``python -m pycni_plugins.skel <type>`` or :func:`main` from a generated script
-(:mod:`.install`).
+Usage: ``python -m pycni.sdk.skel <type>`` or :func:`main` from a generated script
+(:mod:`pycni_plugins.install`).
 """
 
 from __future__ import annotations
@@ -28,22 +28,17 @@ import importlib
 import io
 import json
 import os
-import re
 import sys
 from collections.abc import Mapping
 from typing import Any, NoReturn, TextIO
 
-from pycni import _json
-from pycni._json import go_escape, go_field
-from pycni.errors import CNIError, ErrorCode
-from pycni.plugin import (
-    PARENT_PID_ENV,
-    Plugin,
-    PluginRequest,
-    builtin_plugin,
-    validate_attachment_key,
-    validate_container_id,
-)
+from .. import _json
+from .._json import go_escape, go_field
+from ..errors import CNIError, ErrorCode
+from .invoke import PARENT_PID_ENV
+from .plugin import Plugin, builtin_plugin
+from .request import PluginRequest
+from .validate import NAME_PATTERN, validate_attachment_key, validate_container_id
 
 __all__ = ["run", "respond", "error_output", "main"]
 
@@ -54,7 +49,6 @@ _REQUIRED = (
     ("CNI_IFNAME", ("ADD", "CHECK", "DEL")),
     ("CNI_PATH", ("ADD", "CHECK", "DEL", "GC", "STATUS")),
 )
-_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.\-]*")
 
 
 def _error(msg: str, code: int, details: str = "") -> CNIError:
@@ -84,7 +78,7 @@ def _request(env: Mapping[str, str], stdin: bytes) -> PluginRequest:
             name = go_field(config, "name")
             if not isinstance(name, str) or not name:
                 raise _error("missing network name", ErrorCode.INVALID_NETWORK_CONFIG)
-            if not _NAME.fullmatch(name):
+            if not NAME_PATTERN.fullmatch(name):
                 raise _error("invalid characters found in network name", ErrorCode.INVALID_NETWORK_CONFIG, name)
             validate_attachment_key(name, cid, env.get("CNI_IFNAME", ""))
     path = tuple(p for p in env.get("CNI_PATH", "").split(":") if p)
@@ -218,6 +212,6 @@ def main(plugin_type: str, target: str | None = None, stdin: bytes | None = None
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.stderr.write("usage: python -m pycni_plugins.skel <plugin type>\n")
+        sys.stderr.write("usage: python -m pycni.sdk.skel <plugin type>\n")
         sys.exit(2)
     main(sys.argv[1])

@@ -1,5 +1,8 @@
 """Exec'ing a plugin binary: find it, run it with env + stdin, decode what it says.
 
+Go's ``pkg/invoke``: the runtime execs the plugins of a chain with it, and a plugin execs its
+delegate (an IPAM binary) with it, so it lives in the SDK both stand on.
+
 Beyond libcni: output is capped, a timeout kills the plugin's whole process group (SIGTERM,
 then SIGKILL) and closes its pipes, a child that keeps the pipes open after the plugin exited
 cannot hang the runtime, and every failure carries stderr and the exit status or signal.
@@ -21,9 +24,9 @@ from typing import Any, TypedDict
 
 import attrs
 
-from . import _json
-from .errors import CNIError, ErrorCode, PluginError, PluginNotFoundError, PluginTimeoutError, ResultError
-from .plugin import PARENT_PID_ENV, PluginRequest
+from .. import _json
+from ..errors import CNIError, ErrorCode, PluginError, PluginNotFoundError, PluginTimeoutError, ResultError
+from .request import PluginRequest
 
 __all__ = [
     "find_plugin",
@@ -36,10 +39,14 @@ __all__ = [
     "VersionInfo",
     "ExecOutcome",
     "MAX_OUTPUT",
+    "PARENT_PID_ENV",
 ]
 
 log = logging.getLogger("pycni.plugin")
 
+#: Set by pycni for every plugin it execs: the PID of the process that exec'd it, so an installed
+#: pycni plugin can tell at start-up that its runtime died before it got going.
+PARENT_PID_ENV = "PYCNI_PARENT_PID"
 MAX_OUTPUT = 16 * 1024 * 1024
 TERM_GRACE = 1.0
 PIPE_GRACE = 0.5
