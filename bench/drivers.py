@@ -35,7 +35,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from pycni import netns
 from pycni.errors import CNIError
@@ -195,7 +195,7 @@ class Driver(Protocol):
 class RuntimeDriver:
     """pycni's runtime over the conflist, with the given backend and plugin path."""
 
-    ops = ALL_OPS
+    ops: tuple[str, ...] = ALL_OPS
 
     def __init__(self, cell: Cell, *, path: list[str], backend: Any, workload: Workload = DEFAULT) -> None:
         from pycni.config import conflist_from_bytes
@@ -231,9 +231,9 @@ class RuntimeDriver:
         self.runtime.delete_network_list(self.network, self.rts[i])
 
     def address(self, result: object) -> str:
-        from pycni.types import convert
+        from pycni.types import AnyResult, convert
 
-        return str(convert(result, "1.1.0").ips[0].address.ip)  # type: ignore[arg-type]
+        return str(convert(cast("AnyResult", result), "1.1.0").ips[0].address.ip)  # what add returned
 
 
 class NetavarkDriver:
@@ -246,7 +246,7 @@ class NetavarkDriver:
     only other writes are per-namespace sysctls (ip_forward, route_localnet, autoconf).
     """
 
-    ops = ("add", "del")
+    ops: tuple[str, ...] = ("add", "del")
     workload = DEFAULT
 
     def __init__(self, cell: Cell) -> None:
@@ -280,8 +280,8 @@ class NetavarkDriver:
         self._call("teardown", i)
 
     def address(self, result: object) -> str:
-        status = json.loads(result)  # type: ignore[arg-type]
-        ipnet = status[NETWORK]["interfaces"]["eth0"]["subnets"][0]["ipnet"]
+        status = json.loads(cast(bytes, result))  # what add returned: netavark's stdout
+        ipnet: str = status[NETWORK]["interfaces"]["eth0"]["subnets"][0]["ipnet"]
         return ipnet.split("/")[0]
 
 

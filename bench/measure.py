@@ -15,12 +15,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from pycni import netns
+from pycni.backends import Backend as PluginBackend
 from pycni.backends import ExecBackend
 from pycni.sdk import PluginRequest
-from pycni.sdk.invoke import find_plugin, raw_exec
+from pycni.sdk.invoke import VersionInfo, find_plugin, raw_exec
 
 from . import rules
 from .drivers import (
@@ -113,7 +115,9 @@ def _phase(
     return outcomes, row
 
 
-def latency_cell(backend: Backend, n: int, session: Session, progress: Progress) -> tuple[list[dict], dict]:
+def latency_cell(
+    backend: Backend, n: int, session: Session, progress: Progress
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One backend at one N: rows for each op, and the cell's facts (rules, first packet, …)."""
     fds_before = _open_fds()
     threads_before = set(threading.enumerate())
@@ -128,6 +132,7 @@ def latency_cell(backend: Backend, n: int, session: Session, progress: Progress)
         snap = rules.snapshot(cell.host)
         last = results[-1]
         workload = driver.workload
+        first_packet: dict[str, Any]
         if not workload.port_mappings or workload.gateway is None:
             first_packet = {"port": None, "error": "no port mappings in this chain"}
         elif last is None:
@@ -172,7 +177,7 @@ class _Timed:
     """A backend wrapper recording each call's request and the time spent inside the backend
     (the exec itself, or the in-process plugin), as the runtime calls it."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: PluginBackend) -> None:
         self.inner = inner
         self.name = inner.name
         self.calls: list[tuple[str, PluginRequest, float]] = []
@@ -180,7 +185,7 @@ class _Timed:
     def find(self, plugin_type: str, paths: Sequence[str]) -> str:
         return self.inner.find(plugin_type, paths)
 
-    def version_info(self, plugin_type: str, paths: Sequence[str]) -> Any:
+    def version_info(self, plugin_type: str, paths: Sequence[str]) -> VersionInfo:
         return self.inner.version_info(plugin_type, paths)
 
     def is_builtin(self, plugin_type: str) -> bool:
@@ -252,11 +257,11 @@ def runtime_overhead(samples: int, inprocess: bool, session: Session, progress: 
     with session.cell("overhead-exec", samples + 1) as cell:
         driver = RuntimeDriver(cell, path=[REFERENCE_DIR], backend=recording)
         for i in range(samples + 1):
-            wall, outside = recording.timed(lambda i=i: driver.add(i))
+            wall, outside = recording.timed(partial(driver.add, i))
             prepared = [
                 (t, find_plugin(t, req.path), req.stdin(), {**os.environ, **req.env()}) for t, req, _ in recording.calls
             ]
-            del_outside = recording.timed(lambda i=i: driver.delete(i))[1]
+            del_outside = recording.timed(partial(driver.delete, i))[1]
             each = netns.run_in(cell.host, _replay, prepared)
             netns.run_in(cell.host, _undo, prepared)
             if i == 0:  # warm-up (first cache write, first bridge, cold page cache): not counted
@@ -302,7 +307,7 @@ def _inprocess_accounting(samples: int, session: Session, progress: Progress) ->
         driver = RuntimeDriver(cell, path=[], backend=timed)
         for op, call in (("add", driver.add), ("del", driver.delete)):
             for i in range(samples + 1):
-                wall, rest = timed.timed(lambda call=call, i=i: call(i))
+                wall, rest = timed.timed(partial(call, i))
                 if i == 0:  # warm-up, as for the exec path
                     continue
                 walls[op].append(wall)

@@ -46,7 +46,8 @@ def measure(backend: str, checkpoints: list[int], session: Session) -> dict[str,
                     proc.wait()
     if proc.returncode != 0:
         return {"backend": backend, "error": f"memory child exited {proc.returncode}"}
-    return json.loads(out)
+    report: dict[str, Any] = json.loads(out)
+    return report
 
 
 def _status_kib(field: str) -> int:

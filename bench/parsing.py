@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import timeit
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pycni.types import Result, convert, parse_result
@@ -46,13 +47,17 @@ def _rate(fn: Callable[[], object], seconds: float) -> float:
     return number / min(timer.repeat(REPEATS, number))
 
 
+def _parse_and_convert(data: bytes) -> object:
+    return convert(parse_result(data), "1.1.0")
+
+
 def measure(seconds: float) -> list[dict[str, Any]]:
     rows = []
     for version in SUPPORTED:
         data = sample(version)
-        floor = _rate(lambda data=data: json.loads(data), seconds)
-        parsed = _rate(lambda data=data: parse_result(data), seconds)
-        converted = _rate(lambda data=data: convert(parse_result(data), "1.1.0"), seconds)
+        floor = _rate(partial(json.loads, data), seconds)
+        parsed = _rate(partial(parse_result, data), seconds)
+        converted = _rate(partial(_parse_and_convert, data), seconds)
         rows.append(
             {
                 "version": version,

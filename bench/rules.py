@@ -413,7 +413,7 @@ def _member(value: Any, right: Any) -> bool:
         if kind == "prefix":
             return ipaddress.ip_address(value) in ipaddress.ip_network(f"{body['addr']}/{body['len']}")
         if kind == "range":
-            return _scalar(body[0]) <= _scalar(value) <= _scalar(body[1])
+            return bool(_scalar(body[0]) <= _scalar(value) <= _scalar(body[1]))
         if kind == "set":
             return any(_member(value, _elem(e)) for e in body)
         if kind == "concat":
@@ -421,7 +421,7 @@ def _member(value: Any, right: Any) -> bool:
         raise Unsupported(f"nft value {kind}")
     if isinstance(right, list):
         return any(_member(value, r) for r in right)
-    return _scalar(value) == _scalar(right)
+    return bool(_scalar(value) == _scalar(right))
 
 
 def _scalar(value: Any) -> Any:

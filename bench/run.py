@@ -131,6 +131,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if wrong:
             only = ",".join(CONFLIST_SECTIONS)
             p.error(f"--sections {','.join(wrong)}: these measure the built-in chain (with --conflist: {only})")
+    defaults: tuple[tuple[str, ...], tuple[str, ...], list[str]]
     defaults = (drivers.CONFLIST_BACKENDS, CONFLIST_SECTIONS, ["exec", "pycni-inprocess"])
     if not args.conflist:
         defaults = (drivers.BACKENDS, SECTIONS, ["pycni-inprocess", "reference-exec"])

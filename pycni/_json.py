@@ -53,7 +53,7 @@ def _float64_int(text: str) -> int:
     return int(text)
 
 
-class Repeated(dict):  # type: ignore[type-arg]
+class Repeated(dict[Any, Any]):
     """A decoded object that repeats a key: as a dict it holds the last value (what a Go map
     keeps); ``pairs`` are all its members in order (what a Go struct decoder sees)."""
 
@@ -89,7 +89,7 @@ _FLOAT64_MAP_DECODER = json.JSONDecoder(
 
 # Go's encoding/json folds a key onto an ASCII field name with simple case folding: ASCII
 # letters, plus U+017F (long s) and U+212A (Kelvin sign), which fold onto "s" and "k".
-_FOLD_TABLE = {**{c: c + 32 for c in range(ord("A"), ord("Z") + 1)}, 0x17F: "s", 0x212A: "k"}
+_FOLD_TABLE: dict[int, int | str] = {**{c: c + 32 for c in range(ord("A"), ord("Z") + 1)}, 0x17F: "s", 0x212A: "k"}
 
 
 def go_fold(key: str) -> str:
@@ -110,10 +110,12 @@ class GoFields:
         for name in names:
             self._folded.setdefault(go_fold(name), name)
 
-    def lookup(self, key: Any) -> str | None:
+    def lookup(self, key: object) -> str | None:
+        if not isinstance(key, str):
+            return None
         if key in self.names:
-            return key  # type: ignore[no-any-return]
-        return self._folded.get(go_fold(key)) if isinstance(key, str) else None
+            return key
+        return self._folded.get(go_fold(key))
 
     def pairs(self, obj: Mapping[str, Any]) -> list[tuple[str, Any]]:
         """``obj``'s members that reach a field, as ``(field, value)`` in document order

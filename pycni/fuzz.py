@@ -72,8 +72,8 @@ CHAINED_TYPES = frozenset({"portmap", "firewall", "tuning", "bandwidth", "sbr", 
 CAPABILITIES = {"portmap": ("portMappings",), "bandwidth": ("bandwidth",)}
 #: More output than this from one call is a violation (a plugin's result is a few KiB).
 MAX_OUTPUT = 1024 * 1024
-V4_POOL = ipaddress.ip_network("198.18.0.0/15")
-V6_POOL = ipaddress.ip_network("fd00:18::/48")
+V4_POOL = ipaddress.IPv4Network("198.18.0.0/15")
+V6_POOL = ipaddress.IPv6Network("fd00:18::/48")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # plugins find iptables on it
 KINDS = ("valid", "mutated", "hostile-bytes", "hostile-env")
 # Mostly valid examples (the contract past ADD needs them); shrinking moves towards "valid".
@@ -347,7 +347,7 @@ def _world(index: int) -> Iterator[_World]:
         data_dir = tempfile.mkdtemp(prefix=f"{prefix}-")
         stack.callback(shutil.rmtree, data_dir, True)
         v4 = list(V4_POOL.subnets(new_prefix=24))[index % 512]
-        v6 = ipaddress.ip_network((int(V6_POOL.network_address) + (index % 65536) * 2**64, 64))
+        v6 = ipaddress.IPv6Network((int(V6_POOL.network_address) + (index % 65536) * 2**64, 64))
         yield _World(host.path, container.path, data_dir, v4, v6)
 
 
@@ -377,7 +377,7 @@ def _pin_data_dirs(config: Any, world: _World) -> Any:
 
 
 def _examples(options: Options, world: _World) -> st.SearchStrategy[_Example]:
-    within = [world.v4, world.v6]
+    within: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = [world.v4, world.v6]
     t = options.plugin_type
     chained = t in CHAINED_TYPES
 
@@ -424,8 +424,8 @@ def _examples(options: Options, world: _World) -> st.SearchStrategy[_Example]:
         stdin = json.dumps(config).encode()
         if kind == "hostile-bytes":
             stdin = draw(strategies.hostile_bytes(st.just(config)))
-        version = config.get("cniVersion") if isinstance(config, dict) else None
-        return _Example(kind, version, config, stdin, env, attachment, ifname)
+        declared = config.get("cniVersion") if isinstance(config, dict) else None
+        return _Example(kind, declared, config, stdin, env, attachment, ifname)
 
     return build()
 
@@ -491,8 +491,8 @@ def _run_example(options: Options, world: _World, example: _Example) -> tuple[li
         if delete.returncode != 0:
             if not added or example.kind == "hostile-env":
                 return steps, None
-            check = "del-after-add" if attempt == "first" else "del-twice"
-            return steps, (check, f"{attempt} DEL after a successful ADD failed: {_excerpt(delete.stdout)}")
+            name = "del-after-add" if attempt == "first" else "del-twice"
+            return steps, (name, f"{attempt} DEL after a successful ADD failed: {_excerpt(delete.stdout)}")
     if added:
         ips = _attachment_ips(add.stdout, example.attachment)
         left = _leftovers(before, _state(world), example.env.get("CNI_CONTAINERID", ""), ips, world.data_dir)
@@ -555,12 +555,12 @@ def fuzz(options: Options, progress: Callable[[Report, bool], None] | None = Non
     return report
 
 
-def _flatten(group: BaseExceptionGroup | None) -> list[Violation]:
+def _flatten(group: BaseExceptionGroup[Violation] | None) -> list[Violation]:
     if group is None:
         return []
     out: list[Violation] = []
     for e in group.exceptions:
-        out.extend(_flatten(e) if isinstance(e, BaseExceptionGroup) else [e])  # type: ignore[list-item]
+        out.extend(_flatten(e) if isinstance(e, BaseExceptionGroup) else [e])
     return out
 
 
@@ -698,9 +698,11 @@ def _legacy_iptables() -> bool:
 def _attachment_ips(add_stdout: bytes, attachment: AnyResult | None) -> set[str]:
     ips: set[str] = set()
     for source in (add_stdout, attachment):
+        if source is None:
+            continue
         try:
-            result = parse_result(source if isinstance(source, bytes) else source.to_json())  # type: ignore[union-attr]
-        except (ResultError, AttributeError):
+            result = parse_result(source if isinstance(source, bytes) else source.to_json())
+        except ResultError:
             continue
         ips |= {str(a.ip) for a, _ in _addresses(result)}
     return ips

@@ -40,10 +40,11 @@ class InterfaceConfig:
 class GoCNIResult:
     """``interfaces`` name → config; ``dns`` one entry per network; ``routes`` concatenated.
 
-    ``raw`` keeps the per-network results (converted to the 1.x model) in network order.
+    ``raw`` keeps the per-network results (converted to the 1.x model) in network order. An
+    interface is ``None`` only when decoded from Go's JSON with a nil entry (``null``).
     """
 
-    interfaces: Mapping[str, InterfaceConfig]
+    interfaces: Mapping[str, InterfaceConfig | None]
     dns: tuple[Any, ...] = ()
     routes: tuple[Any, ...] = ()
     raw: tuple[Any, ...] = ()
@@ -83,7 +84,9 @@ class GoCNIResult:
         """Serialise as Go's encoding/json would (go-cni types carry no json tags)."""
         return {
             "Interfaces": {
-                name: {
+                name: None
+                if cfg is None
+                else {
                     "IPConfigs": [
                         {"IP": str(c.ip), "Gateway": str(c.gateway) if c.gateway is not None else ""}
                         for c in cfg.ip_configs

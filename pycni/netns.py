@@ -93,7 +93,7 @@ def open_netns(path: str | int) -> int:
     try:
         fd = os.dup(path) if isinstance(path, int) else os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
-        raise NetnsError(e.errno, f"failed to open netns {path!r}: {e.strerror}") from None
+        raise NetnsError(e.errno or errno.EIO, f"failed to open netns {path!r}: {e.strerror}") from None
     try:
         kind = fcntl.ioctl(fd, _NS_GET_NSTYPE)
     except OSError:  # not an nsfs file
@@ -170,14 +170,15 @@ def run_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: A
     if path is None:
         return fn(*args, **kwargs)
     fd = open_netns(path)
-    outcome: list[Any] = []
+    returned: list[T] = []
+    raised: list[BaseException] = []
 
     def body() -> None:
         try:
             _setns(fd, repr(path))
-            outcome.append((True, fn(*args, **kwargs)))
+            returned.append(fn(*args, **kwargs))
         except BaseException as e:
-            outcome.append((False, e))
+            raised.append(e)
 
     try:
         context = contextvars.copy_context()
@@ -186,10 +187,9 @@ def run_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: A
         worker.join()
     finally:
         os.close(fd)
-    ok, value = outcome[0]
-    if ok:
-        return value
-    raise value
+    if raised:
+        raise raised[0]
+    return returned[0]
 
 
 def _path(name: str) -> str:

@@ -31,6 +31,10 @@ VALID_ATTACHMENTS_KEY = "cni.dev/valid-attachments"
 LEGACY_ATTACHMENTS_KEY = "cni.dev/attachments"
 
 
+def _arg_pairs(pairs: Iterable[Iterable[str]]) -> tuple[tuple[str, str], ...]:
+    return tuple((key, value) for key, value in pairs)
+
+
 @attrs.frozen
 class RuntimeConf:
     """Per-attachment runtime parameters (libcni ``RuntimeConf``).
@@ -42,7 +46,7 @@ class RuntimeConf:
     container_id: str
     netns: str = ""
     ifname: str = "eth0"
-    args: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=lambda a: tuple(tuple(p) for p in a))
+    args: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_arg_pairs)
     capability_args: Mapping[str, Any] = attrs.field(factory=dict)
 
 

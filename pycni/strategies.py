@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from ipaddress import IPv4Address, IPv4Interface, IPv4Network, IPv6Address, IPv6Interface, IPv6Network
 from typing import Any
 
-from .types import DNS, Interface, IPConfig, IPConfig020, IPConfig040, Result, Result020, Result040, Route
+from .types import DNS, AnyResult, Interface, IPConfig, IPConfig020, IPConfig040, Result, Result020, Result040, Route
 from .version import SUPPORTED
 
 __all__ = [
@@ -109,7 +109,7 @@ short_interfaces = st.builds(lambda n, m, s: Interface(n, m, sandbox=s), texts, 
 ip_labels = st.sampled_from(["4", "6"]) | texts  # libcni keeps any string
 
 
-def _versions(version: str | None, model: type) -> st.SearchStrategy[str]:
+def _versions(version: str | None, model: type[AnyResult]) -> st.SearchStrategy[str]:
     return st.sampled_from(model.VERSIONS) if version is None else st.just(version)
 
 
@@ -205,7 +205,7 @@ json_values = st.recursive(
 )
 # Values that look like what a result or config holds, so mutations also hit the near-misses:
 # addresses that almost parse, indexes and ports just out of range, integers past int64.
-plausible_leaves = st.sampled_from(
+plausible_leaves: st.SearchStrategy[Any] = st.sampled_from(
     ["", "4", "6", "1.0.0", "0.4.0", "10.0.0.1", "10.0.0.1/24", "::1/128", "::ffff:1.2.3.4/120", "01.2.3.4/8"]
     + ["fe80::1%eth0/64", "\ud800", "a\udfffb", "\u017fcope", "tcp", "TCP", "eth0", "../x", "a" * 300]
 ) | st.sampled_from([0, -1, 1.5, 2**31, 2**63, 2**64, -(2**63) - 1, 65536, 10**30, True, None, [], {}])
@@ -437,7 +437,7 @@ def _family_nets(within: Sequence[IPv4Network | IPv6Network]) -> st.SearchStrate
     )
 
 
-def _host_local(within: Sequence[IPv4Network | IPv6Network], data_dir: str | None) -> st.SearchStrategy[dict]:
+def _host_local(within: Sequence[IPv4Network | IPv6Network], data_dir: str | None) -> st.SearchStrategy[dict[str, Any]]:
     return _family_nets(within).flatmap(
         lambda nets: st.fixed_dictionaries(
             {"type": st.just("host-local"), "ranges": _ranges(nets)},
@@ -677,7 +677,9 @@ def port_mappings(
     return st.lists(mapping, max_size=max_size, unique_by=lambda m: (m["hostPort"], m["protocol"]))
 
 
-def ip_ranges(within: Sequence[IPv4Network | IPv6Network] = TEST_SUBNETS) -> st.SearchStrategy[list[list[dict]]]:
+def ip_ranges(
+    within: Sequence[IPv4Network | IPv6Network] = TEST_SUBNETS,
+) -> st.SearchStrategy[list[list[dict[str, Any]]]]:
     """``ipRanges`` as host-local reads them: one range set per family."""
     return _family_nets(within).flatmap(_ranges)
 

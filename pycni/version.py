@@ -101,12 +101,13 @@ def select_version(cni_version: Any, cni_versions: Any, *, path: str | None = No
         if parsed <= current:
             candidates.append((parsed, entry))
     if cni_version:
+        own: Version | None
         try:
-            parsed = parse(cni_version)
+            own = parse(cni_version)
         except VersionError:
-            parsed = None
-        if parsed is not None and parsed <= current:
-            candidates.append((parsed, cni_version))
+            own = None
+        if own is not None and own <= current:
+            candidates.append((own, cni_version))
     if not candidates:
         return cni_version
     return max(candidates)[1]

@@ -70,28 +70,28 @@ class Fields:
     def error(self, msg: str) -> CNIError:
         return fail(f"{self.prefix}: {msg}")
 
-    def _typed(self, key: str, types: tuple[type, ...], go: str, default: Any, source: Mapping[str, Any] | None) -> Any:
+    def _typed(self, key: str, kind: type[T], go: str, default: T, source: Mapping[str, Any] | None) -> T:
         value = go_field(self.config if source is None else source, key)
         if value is None:
             return default
-        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             raise self.error(f"json: cannot unmarshal {go_kind(value)} into Go struct field .{key} of type {go}")
         return value
 
     def flag(self, key: str, default: bool = False, source: Mapping[str, Any] | None = None) -> bool:
-        return self._typed(key, (bool,), "bool", default, source)
+        return self._typed(key, bool, "bool", default, source)
 
     def integer(self, key: str, default: int = 0, source: Mapping[str, Any] | None = None) -> int:
-        return self._typed(key, (int,), "int", default, source)
+        return self._typed(key, int, "int", default, source)
 
     def string(self, key: str, default: str = "", source: Mapping[str, Any] | None = None) -> str:
-        return self._typed(key, (str,), "string", default, source)
+        return self._typed(key, str, "string", default, source)
 
     def mapping(self, key: str, source: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
-        return self._typed(key, (dict,), "object", {}, source)
+        return self._typed(key, dict, "object", {}, source)
 
     def array(self, key: str, source: Mapping[str, Any] | None = None) -> list[Any]:
-        return self._typed(key, (list,), "array", [], source)
+        return self._typed(key, list, "array", [], source)
 
 
 def _as_current(data: Any, version: str) -> Result:

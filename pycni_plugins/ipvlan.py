@@ -82,7 +82,7 @@ def _verify(mode: str) -> Any:
     def verify(link: links.Link, data: Mapping[str, Any]) -> None:
         have = data.get("IFLA_IPVLAN_MODE")
         if have != want:
-            have_name = _MODE_NAMES.get(have, have)
+            have_name = _MODE_NAMES.get(have, have) if isinstance(have, int) else have
             raise fail(f"Container IPVlan mode {have_name} does not match expected value: {_MODE_NAMES[want]}")
 
     return verify

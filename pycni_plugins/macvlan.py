@@ -41,7 +41,7 @@ _MODE_NAMES = {4: "bridge", 1: "private", 2: "vepa", 8: "passthru"}
 _MAC = re.compile(r"[0-9a-fA-F]{2}([:-])[0-9a-fA-F]{2}(\1[0-9a-fA-F]{2}){4}")
 
 
-class _macvlan_data(macvx_data):
+class _macvlan_data(macvx_data):  # type: ignore[misc]  # pyroute2's classes are untyped (Any)
     """pyroute2's macvlan attributes plus IFLA_MACVLAN_BC_QUEUE_LEN (Linux 5.11), which it lacks."""
 
     nla_map = (
@@ -50,7 +50,7 @@ class _macvlan_data(macvx_data):
         ("IFLA_MACVLAN_BC_QUEUE_LEN_USED", "uint32"),
     )
 
-    class mode(nlmsg_atoms.uint32):
+    class mode(nlmsg_atoms.uint32):  # type: ignore[misc]  # pyroute2's classes are untyped (Any)
         value_map = {0: "none", 1: "private", 2: "vepa", 4: "bridge", 8: "passthru", 16: "source"}
 
 

@@ -115,8 +115,8 @@ def _owned_by(network: str, container_id: str, key: str, group: dict[str, Any]) 
     """Whether an :func:`~.kernel.nft.attachments` group belongs to (network, container_id), any ifname."""
     record = group.get("record")
     if isinstance(record, dict):
-        return record.get("network") == network and record.get("container_id") == container_id
-    parts = group.get("comment", "").split(" ")
+        return bool(record.get("network") == network and record.get("container_id") == container_id)
+    parts: list[str] = group.get("comment", "").split(" ")
     if len(parts) < 5:
         return False
     # The key hashes the exact triple: recomputing it from the comment's ifname is exact. A

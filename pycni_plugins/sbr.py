@@ -80,7 +80,8 @@ def _rules(ipr: links.IPRoute) -> list[Any]:
 
 
 def _rule_table(rule: Any) -> int:
-    return rule.get("table") or rule["table"]
+    table: int = rule.get("table") or rule["table"]  # pyroute2 is untyped
+    return table
 
 
 def _default_pref(ipr: links.IPRoute, family: int) -> int:

@@ -32,7 +32,8 @@ class _Group(Group):
             import importlib
 
             module, attr = self.lazy[name]
-            return getattr(importlib.import_module(module), attr)
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
         return super().get_command(ctx, name)
 
 

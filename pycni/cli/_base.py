@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import IO, Any
+from collections.abc import Callable
+from typing import IO, Any, TypeVar
 
 import click
 
@@ -10,6 +11,8 @@ from ..backends import BACKEND_NAMES
 from ..cache import DEFAULT_CACHE_DIR
 from ..errors import CNIError
 from ..runtime import DEFAULT_PLUGIN_PATH
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = ["CNIFailure", "Group", "backend_option", "cache_dir_option", "plugin_path_option"]
 
@@ -37,7 +40,7 @@ class Group(click.Group):
             raise CNIFailure(e) from None
 
 
-def backend_option() -> Any:
+def backend_option() -> Callable[[F], F]:
     return click.option(
         "--backend",
         type=click.Choice(BACKEND_NAMES),
@@ -48,7 +51,7 @@ def backend_option() -> Any:
     )
 
 
-def cache_dir_option() -> Any:
+def cache_dir_option() -> Callable[[F], F]:
     return click.option(
         "--cache-dir",
         envvar="PYCNI_CACHE_DIR",
@@ -62,7 +65,7 @@ def cache_dir_option() -> Any:
 WITH_PACKAGED_PLUGINS = ":".join((*DEFAULT_PLUGIN_PATH, "/usr/lib/cni"))
 
 
-def plugin_path_option(default: str = "", name: str = "--plugin-path") -> Any:
+def plugin_path_option(default: str = "", name: str = "--plugin-path") -> Callable[[F], F]:
     return click.option(
         name,
         "plugin_path",

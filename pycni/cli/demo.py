@@ -17,11 +17,15 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any, TypeVar
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
 from ._base import WITH_PACKAGED_PLUGINS, backend_option, plugin_path_option
+
+if TYPE_CHECKING:
+    from ..types import AnyResult
 
 T = TypeVar("T")
 HOST_PORT = 8080
@@ -76,7 +80,7 @@ def _state_dir() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _describe(result: Any) -> str:
+def _describe(result: AnyResult) -> str:
     from ..types import convert
 
     current = convert(result, "1.1.0")
@@ -98,6 +102,7 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     from ..request import RuntimeConf
     from ..runtime import Runtime
     from ..sdk import builtin_plugin
+    from ..types import convert
     from .runtime_commands import embedded_network
 
     steps = _Steps()
@@ -111,11 +116,11 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
         click.echo(f"pycni demo: network {network.name!r} ({network.cni_version}): {' → '.join(types)}")
         click.echo(f"  backend {backend}: in-process {inproc or 'none'}, exec {[t for t in types if t not in inproc]}")
 
-        def namespaces() -> tuple[Any, Any, Any]:
-            made = []
-            for role in ("host", "c1", "c2"):
-                made.append(stack.enter_context(netns.Throwaway(prefix=f"pycni-demo-{role}")))
-            return tuple(made)
+        def namespaces() -> tuple[netns.Throwaway, netns.Throwaway, netns.Throwaway]:
+            host, c1, c2 = (
+                stack.enter_context(netns.Throwaway(prefix=f"pycni-demo-{role}")) for role in ("host", "c1", "c2")
+            )
+            return host, c1, c2
 
         host, c1, c2 = steps.run("create namespaces: host, c1, c2", namespaces)
         runtime = Runtime(
@@ -135,20 +140,21 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
                 runtime.delete_network_list(network, rt, best_effort=True)
 
         stack.callback(teardown)
-        results = {}
+        results: dict[str, AnyResult] = {}
         for name, rt in (("c1", rt1), ("c2", rt2)):
             added.append(rt)
-            results[name] = steps.run(f"ADD {name}", lambda rt=rt: runtime.add_network_list(network, rt))
+            results[name] = steps.run(f"ADD {name}", partial(runtime.add_network_list, network, rt))
             extra = f"; host port {HOST_PORT}/tcp → {CONTAINER_PORT}" if rt.capability_args else ""
             click.echo(f"               {name}: {_describe(results[name])}{extra}")
             if as_json:
                 click.echo(json.dumps(results[name].to_json(), indent=2))
         for name, rt in (("c1", rt1), ("c2", rt2)):
-            steps.check(f"CHECK {name}", lambda rt=rt: runtime.check_network_list(network, rt))
+            steps.check(f"CHECK {name}", partial(runtime.check_network_list, network, rt))
 
-        ip1 = str(results["c1"].ips[0].address.ip)
-        ip2 = str(results["c2"].ips[0].address.ip)
-        gateway = str(results["c1"].ips[0].gateway)
+        first = {name: convert(result, "1.1.0").ips[0] for name, result in results.items()}
+        ip1 = str(first["c1"].address.ip)
+        ip2 = str(first["c2"].address.ip)
+        gateway = str(first["c1"].gateway)
         with probes.TCPEchoServer(c1.path, CONTAINER_PORT):
             steps.expect(f"ping c1 → c2 ({ip2})", probes.ping(c1.path, ip2))
             steps.expect(f"ping c2 → c1 ({ip1})", probes.ping(c2.path, ip1))
@@ -165,7 +171,7 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
                 probes.tcp_echo(c2.path, gateway, HOST_PORT),
             )
         for name, rt in (("c2", rt2), ("c1", rt1)):
-            steps.run(f"DEL {name}", lambda rt=rt: runtime.delete_network_list(network, rt))
+            steps.run(f"DEL {name}", partial(runtime.delete_network_list, network, rt))
             added.remove(rt)
         leftovers = runtime.get_cached_attachments()
         leases = [n for n in os.listdir(os.path.join(root, "ipam", network.name)) if n[0].isdigit() or ":" in n]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -18,6 +19,12 @@ from .. import _json, config
 from ..errors import CNIError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
 from ..sdk import parse_cni_args
 from ._base import backend_option, cache_dir_option, plugin_path_option
+
+if TYPE_CHECKING:  # imported where used: the CLI loads the runtime lazily
+    from ..request import Attachment, RuntimeConf
+    from ..runtime import Runtime
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = ["COMMANDS", "container_id_for", "load_network", "embedded_network", "DEFAULT_NETWORK"]
 
@@ -55,7 +62,7 @@ def _timeout_option(ctx: click.Context, param: click.Parameter, value: float | N
         raise click.BadParameter(e.msg) from None
 
 
-def _runtime(opts: dict[str, Any]):
+def _runtime(opts: dict[str, Any]) -> Runtime:
     from ..runtime import Runtime
 
     return Runtime(
@@ -66,7 +73,7 @@ def _runtime(opts: dict[str, Any]):
     )
 
 
-def _rt(opts: dict[str, Any], netns: str):
+def _rt(opts: dict[str, Any], netns: str) -> RuntimeConf:
     from ..request import RuntimeConf
 
     netns_path = os.path.abspath(netns) if netns else ""
@@ -91,7 +98,7 @@ def _rt(opts: dict[str, Any], netns: str):
     )
 
 
-def _common(fn):
+def _common(fn: F) -> F:
     """Options shared by the cnitool verbs; each defaults to cnitool's environment variable."""
     options = [
         click.option(
@@ -161,7 +168,7 @@ def delete(network: str, netns: str, best_effort: bool, **opts: Any) -> None:
     _runtime(opts).delete_network_list(net, _rt(opts, netns), best_effort=best_effort)
 
 
-def _attachment(value: str):
+def _attachment(value: str) -> Attachment:
     from ..request import Attachment
 
     cid, sep, ifname = value.rpartition(":")

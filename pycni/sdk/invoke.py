@@ -20,7 +20,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import attrs
 
@@ -123,6 +123,7 @@ def raw_exec(
     start = time.monotonic()
     deadline = None if timeout is None else start + timeout
     proc = _spawn(executable, env, deadline)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all piped
     out, err = bytearray(), bytearray()
     failure: PluginError | None = None
     sel = selectors.DefaultSelector()
@@ -164,7 +165,7 @@ def raw_exec(
                         sel.unregister(proc.stdin)
                         proc.stdin.close()
                     continue
-                chunk = os.read(key.fileobj.fileno(), 65536)
+                chunk = os.read(key.fd, 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
                     continue
@@ -187,7 +188,7 @@ def raw_exec(
     return ExecOutcome(bytes(out), bytes(err), proc.returncode, time.monotonic() - start)
 
 
-def _spawn(executable: str, env: Mapping[str, str], deadline: float | None) -> subprocess.Popen:
+def _spawn(executable: str, env: Mapping[str, str], deadline: float | None) -> subprocess.Popen[bytes]:
     for attempt in range(BUSY_RETRIES):
         try:
             return subprocess.Popen(
@@ -209,7 +210,7 @@ def _spawn(executable: str, env: Mapping[str, str], deadline: float | None) -> s
     raise AssertionError("unreachable")
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM the plugin's process group, then SIGKILL whatever is left of it."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -225,7 +226,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _text(data: bytes, limit: int = 4096) -> str:
+def _text(data: bytes | bytearray, limit: int = 4096) -> str:
     text = data.decode("utf-8", "replace").strip()
     return text if len(text) <= limit else text[:limit] + "…"
 
@@ -239,10 +240,15 @@ def _exit_text(returncode: int) -> str:
     return f"exit status {returncode}"
 
 
+class _ExitInfo(TypedDict):
+    stderr: str
+    exit_status: int
+
+
 def plugin_failure(outcome: ExecOutcome) -> PluginError:
     """Map a non-zero exit to an error the way libcni's ``pluginErr`` does (plus exit info)."""
     stderr = _text(outcome.stderr)
-    common = {"stderr": stderr, "exit_status": outcome.returncode}
+    common = _ExitInfo(stderr=stderr, exit_status=outcome.returncode)
     if outcome.stdout.strip():
         try:
             decoded = _json.loads(outcome.stdout)

@@ -22,6 +22,7 @@ import attrs
 
 from .. import version as _version
 from ..errors import CNIError, ErrorCode, PluginError, PluginNotFoundError
+from ..types._common import str_tuple
 from .invoke import exec_plugin
 from .request import PluginRequest
 
@@ -65,7 +66,7 @@ class GCReport:
     """What a built-in plugin's ``gc`` collected (or, dry run, would collect): a pycni extension
     the in-process runtime passes on; an exec'd plugin prints nothing for GC, as the spec says."""
 
-    removed: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    removed: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
 
     def to_json(self) -> dict[str, list[str]]:
         return {"removed": list(self.removed)}
@@ -143,11 +144,13 @@ class Plugin:
         if cmd == "ADD":
             return self.add(request)
         if cmd == "DEL":
-            return self.delete(request)
+            self.delete(request)
+            return None
         if cmd == "CHECK":
             if not _version.supports_check(version):
                 raise CNIError("config version does not allow CHECK", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
-            return self.check(request)
+            self.check(request)
+            return None
         if cmd == "GC":
             if not _version.supports_gc(version):
                 raise CNIError("config version does not allow GC", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
@@ -155,7 +158,8 @@ class Plugin:
             return None if report is None else report.to_json()
         if not _version.supports_status(version):
             raise CNIError("config version does not allow STATUS", code=ErrorCode.INCOMPATIBLE_CNI_VERSION)
-        return self.status(request)
+        self.status(request)
+        return None
 
 
 def _is_own_netns(path: str) -> bool:
@@ -186,9 +190,10 @@ def builtin_plugin(plugin_type: str) -> Plugin | None:
     if ep is None:
         return None
     try:
-        return ep.load()()
+        plugin: Plugin = ep.load()()  # entry points are untyped: the group's contract is a Plugin class
     except ImportError:
         return None
+    return plugin
 
 
 def builtin_plugins() -> dict[str, Plugin]:

@@ -118,7 +118,8 @@ def run(plugin: Plugin, env: Mapping[str, str], stdin: bytes, stdout: TextIO) ->
 
 def _load(target: str) -> Plugin:
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)()
+    plugin: Plugin = getattr(importlib.import_module(module), name)()
+    return plugin
 
 
 _PR_SET_PDEATHSIG = 1

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from ipaddress import IPv4Address, IPv4Interface, IPv6Address, IPv6Interface
 from typing import Any, TypeVar
 
@@ -274,14 +274,24 @@ def address(value: Any) -> IPAddress | None:
     raise expected("an IP address string", value)
 
 
+# attrs field converters: named and per element type, so type checkers see the __init__ types
+# (attrs' mypy plugin loses the element type of a bare ``converter=tuple``).
+def str_tuple(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(items)
+
+
+def route_tuple(items: Iterable[Route]) -> tuple[Route, ...]:
+    return tuple(items)
+
+
 @attrs.frozen
 class DNS:
     """Resolver settings; empty when the plugin has none."""
 
-    nameservers: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    nameservers: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
     domain: str = ""
-    search: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    options: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    search: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
+    options: tuple[str, ...] = attrs.field(default=(), converter=str_tuple)
     arrays: frozenset[str] = attrs.field(default=frozenset(), eq=False, repr=False)
     """The list fields the decoded JSON gave as arrays, even empty ones: Go's non-nil slices,
     which consumers such as Nomad's status copy as ``[]`` rather than ``null``."""

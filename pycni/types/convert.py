@@ -12,6 +12,8 @@ Every ordered pair converts. Within a family it is a relabel; across families it
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import attrs
 
 from ..errors import ResultError
@@ -30,6 +32,14 @@ _MODEL_FOR_VERSION: dict[str, type[AnyResult]] = {v: m for m in (Result020, Resu
 _IMPLEMENTED: dict[type[AnyResult], str] = {Result020: "0.2.0", Result040: "0.4.0", Result: "1.1.0"}
 
 
+@overload
+def convert(result: AnyResult, to_version: Literal["1.0.0", "1.1.0"]) -> Result: ...
+@overload
+def convert(result: AnyResult, to_version: Literal["0.3.0", "0.3.1", "0.4.0"]) -> Result040: ...
+@overload
+def convert(result: AnyResult, to_version: Literal["", "0.1.0", "0.2.0"]) -> Result020: ...
+@overload
+def convert(result: AnyResult, to_version: str) -> AnyResult: ...
 def convert(result: AnyResult, to_version: str) -> AnyResult:
     """``result`` as ``to_version`` (``""`` means 0.1.0); the result itself when already there.
 

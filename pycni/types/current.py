@@ -5,6 +5,7 @@ This is the model pycni works in; older results are converted to it (see :mod:`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import attrs
@@ -28,6 +29,7 @@ from ._common import (
     members,
     object_keys,
     optional_integer,
+    route_tuple,
     text,
 )
 
@@ -134,6 +136,14 @@ def decode_ip_config(value: Any) -> IPConfig:
     return IPConfig(addr, gateway, interface)
 
 
+def interface_tuple(items: Iterable[Interface]) -> tuple[Interface, ...]:
+    return tuple(items)
+
+
+def _ip_config_tuple(items: Iterable[IPConfig]) -> tuple[IPConfig, ...]:
+    return tuple(items)
+
+
 @attrs.frozen
 class Result:
     """A 1.0.0 or 1.1.0 ADD result; ``cni_version`` ``""`` means "not set yet" (1.1.0 on conversion)."""
@@ -141,9 +151,9 @@ class Result:
     VERSIONS: ClassVar[tuple[str, ...]] = ("1.0.0", "1.1.0")
 
     cni_version: str
-    interfaces: tuple[Interface, ...] = attrs.field(default=(), converter=tuple)
-    ips: tuple[IPConfig, ...] = attrs.field(default=(), converter=tuple)
-    routes: tuple[Route, ...] = attrs.field(default=(), converter=tuple)
+    interfaces: tuple[Interface, ...] = attrs.field(default=(), converter=interface_tuple)
+    ips: tuple[IPConfig, ...] = attrs.field(default=(), converter=_ip_config_tuple)
+    routes: tuple[Route, ...] = attrs.field(default=(), converter=route_tuple)
     dns: DNS = EMPTY_DNS
 
     @classmethod

@@ -6,18 +6,20 @@ it returns a model or raises :class:`~pycni.errors.ResultError`, never anything 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .. import _json
+from .._json import kind
 from ..errors import ResultError
 from . import current, v020, v040
-from ._common import Invalid, kind, quote
+from ._common import Invalid, quote
 from .convert import AnyResult
 
 __all__ = ["parse_result"]
 
 _VERSION = _json.GoFields("cniVersion")
-_DECODE_FOR_VERSION = {
+_DECODE_FOR_VERSION: dict[str, Callable[[Any, str], AnyResult]] = {
     version: module.decode_result
     for model, module in ((v020.Result020, v020), (v040.Result040, v040), (current.Result, current))
     for version in model.VERSIONS

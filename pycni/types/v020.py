@@ -27,6 +27,7 @@ from ._common import (
     decode_route,
     members,
     object_keys,
+    route_tuple,
 )
 
 __all__ = ["IPConfig020", "Result020"]
@@ -38,7 +39,7 @@ class IPConfig020:
 
     ip: IPInterface
     gateway: IPAddress | None = None
-    routes: tuple[Route, ...] = attrs.field(default=(), converter=tuple)
+    routes: tuple[Route, ...] = attrs.field(default=(), converter=route_tuple)
 
     @classmethod
     def from_json(cls, obj: Any) -> IPConfig020:

@@ -6,6 +6,7 @@ Differences from 1.x: every ip carries ``version``, interfaces have only name/ma
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import attrs
@@ -28,9 +29,10 @@ from ._common import (
     members,
     object_keys,
     optional_integer,
+    route_tuple,
     text,
 )
-from .current import Interface
+from .current import Interface, interface_tuple
 
 __all__ = ["IPConfig040", "Result040"]
 
@@ -109,6 +111,10 @@ def decode_interface(value: Any) -> Interface:
     return Interface(name, mac, sandbox=sandbox)
 
 
+def _ip_config_tuple(items: Iterable[IPConfig040]) -> tuple[IPConfig040, ...]:
+    return tuple(items)
+
+
 @attrs.frozen
 class Result040:
     """A 0.3.0/0.3.1/0.4.0 ADD result. Its interfaces use only name, mac and sandbox."""
@@ -116,9 +122,9 @@ class Result040:
     VERSIONS: ClassVar[tuple[str, ...]] = ("0.3.0", "0.3.1", "0.4.0")
 
     cni_version: str
-    interfaces: tuple[Interface, ...] = attrs.field(default=(), converter=tuple)
-    ips: tuple[IPConfig040, ...] = attrs.field(default=(), converter=tuple)
-    routes: tuple[Route, ...] = attrs.field(default=(), converter=tuple)
+    interfaces: tuple[Interface, ...] = attrs.field(default=(), converter=interface_tuple)
+    ips: tuple[IPConfig040, ...] = attrs.field(default=(), converter=_ip_config_tuple)
+    routes: tuple[Route, ...] = attrs.field(default=(), converter=route_tuple)
     dns: DNS = EMPTY_DNS
 
     @classmethod

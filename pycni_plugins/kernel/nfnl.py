@@ -96,5 +96,6 @@ def _jump(expressions: Any) -> str | None:
         value = data.get_attr("NFTA_IMMEDIATE_DATA") if data is not None else None
         verdict = value.get_attr("NFTA_DATA_VERDICT") if value is not None else None
         if verdict is not None and verdict.get_attr("NFTA_VERDICT_CODE") == "NFT_JUMP":
-            return verdict.get_attr("NFTA_VERDICT_CHAIN")
+            chain: str = verdict.get_attr("NFTA_VERDICT_CHAIN")  # pyroute2 is untyped
+            return chain
     return None

@@ -837,7 +837,9 @@ def _diagnose(section: Section, chains: dict[str, list[Any]] | None) -> _Damage 
             fix += [f"insert rule {section.family} {TABLE} {chain} jump {t}" for t in kept]
             targets = []
         for command in jumps:
-            target = _JUMP.search(command).group(1)
+            match = _JUMP.search(command)
+            assert match is not None  # jumps are the commands _JUMP matches
+            target = match.group(1)
             if target not in targets:
                 problems.append(f"chain {chain} of {where} has lost its jump to {target}")
                 fix.append(command)

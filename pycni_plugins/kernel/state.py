@@ -15,7 +15,7 @@ import json
 import os
 import secrets
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal, overload
 
 from pycni._fs import check_private_dir
 from pycni.sdk import environ
@@ -43,8 +43,16 @@ class Records:
         self.sub = _check_name(sub)
         self.root = root
 
+    @overload
+    def _dir(self, create: Literal[True]) -> contextlib.AbstractContextManager[int]: ...
+    @overload
+    def _dir(self, create: Literal[False]) -> contextlib.AbstractContextManager[int | None]: ...
+    def _dir(self, create: bool) -> contextlib.AbstractContextManager[int | None]:
+        """The open directory fd; ``None`` (only without ``create``) when it does not exist."""
+        return self._open_dir(create)
+
     @contextlib.contextmanager
-    def _dir(self, create: bool) -> Iterator[int | None]:
+    def _open_dir(self, create: bool) -> Iterator[int | None]:
         root = self.root or state_dir()
         if create:
             with contextlib.suppress(FileExistsError):

@@ -174,7 +174,8 @@ def ingress_redirect(ipr: IPRoute, index: int) -> int | None:
                 continue
             parms = body.get_attr("TCA_ACT_OPTIONS").get_attr("TCA_MIRRED_PARMS")
             if parms is not None:
-                return parms["ifindex"]
+                ifindex: int = parms["ifindex"]  # pyroute2 is untyped
+                return ifindex
     return None
 
 

@@ -74,7 +74,7 @@ def _read_stdin() -> bytes:
 
 
 def _inherited() -> list[int]:
-    fds = []
+    fds: list[int] = []
     for name in posix.listdir("/proc/self/fd"):
         fd = int(name)
         if fd > 2 and len(fds) < _MAX_FDS - 2:

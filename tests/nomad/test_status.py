@@ -187,6 +187,11 @@ def test_nil_interface_entry_is_skipped() -> None:
     assert alloc_net_status(res).interface_name == "eth1"
 
 
+def test_nil_interface_entry_serialises_back_as_null() -> None:
+    res = result_from_json({"Interfaces": {"eth0": None}})
+    assert res.to_go_json()["Interfaces"] == {"eth0": None}
+
+
 def test_plain_cni_result_goes_through_create_result() -> None:
     plain = {
         "cniVersion": "1.0.0",
