@@ -57,6 +57,12 @@ class World:
         self.lan = make_netns(f"{impl[:4]}-lan")
         self.ctr = make_netns(f"{impl[:4]}-c")
         netns.run_in(self.host.path, _wire_lan, self.lan.path)
+        # The kernel adds (then DADs) the link-local addresses a moment after the veth is up:
+        # wait for them, so that a test's "before" snapshot is not taken half-way.
+        netns.run_in(self.host.path, _wait_link_local, MASTER)
+        netns.run_in(self.lan.path, _wait_link_local, "lan0")
+        for path in (self.host.path, self.lan.path):
+            netns.run_in(path, _wait_no_tentative)
         dirs = [REFERENCE_PLUGIN_DIR] if impl == "go" else [plugin_dir]
         self.runtime = Runtime(
             dirs,
@@ -193,6 +199,21 @@ def _connect_from(src: str, dst: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def _wait_link_local(name: str, timeout: float = 10.0) -> None:
+    import time
+
+    from pyroute2 import IPRoute
+
+    deadline = time.monotonic() + timeout
+    with IPRoute() as ipr:
+        index = ipr.link_lookup(ifname=name)[0]
+        while not any(
+            str(a.get("address", "")).startswith("fe80:") for a in ipr.addr("dump", index=index, family=socket.AF_INET6)
+        ):
+            assert time.monotonic() < deadline, f"no link-local address on {name}"
+            time.sleep(0.01)
 
 
 def _wait_no_tentative(timeout: float = 10.0) -> None:

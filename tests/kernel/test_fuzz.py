@@ -27,22 +27,26 @@ def workdir() -> Iterator[Path]:
         yield Path(path)
 
 
-def _ours() -> set[str]:
-    return {n for n in os.listdir("/run/netns") if n.startswith("pycni-fuzz-")} | {
-        n
-        for n in os.listdir(tempfile.gettempdir())
-        if n.startswith("pycni-fuzz-") and not n.startswith("pycni-fuzz-test")
-    }
+def _of(pid: int) -> list[str]:
+    """The namespaces and temp dirs of the ``pycni fuzz`` process ``pid`` (their names carry it;
+    other runs on the machine may be creating theirs meanwhile)."""
+    prefix = f"pycni-fuzz-{pid}-"
+    return [n for d in ("/run/netns", tempfile.gettempdir()) for n in os.listdir(d) if n.startswith(prefix)]
 
 
 def _fuzz(workdir: Path, plugin: str, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, dict]:
     """Run ``pycni fuzz`` as a user does; it leaves no namespace or temp dir behind."""
     report = workdir / "report.json"
-    before = _ours()
     argv = [sys.executable, "-m", "pycni.cli", "fuzz", plugin, "--json", str(report), *args]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise
+    proc = subprocess.CompletedProcess(argv, child.returncode, stdout, stderr)
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert not _ours() - before, _ours() - before
+    assert not _of(child.pid), _of(child.pid)
     return proc, json.loads(report.read_text())
 
 

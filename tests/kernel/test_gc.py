@@ -19,10 +19,10 @@ import pytest
 
 from pycni.errors import CNIError, ErrorCode
 from pycni.plugin import PluginRequest
-from pycni_plugins import host_local
 from pycni_plugins.bridge import BridgePlugin
 from pycni_plugins.firewall import FirewallPlugin
 from pycni_plugins.host_local import HostLocalPlugin
+from pycni_plugins.host_local import lease_cache as hl_cache
 from pycni_plugins.kernel import layout, nft
 from pycni_plugins.portmap import PortmapPlugin
 from pycni_plugins.skel import run as skel_run
@@ -88,7 +88,7 @@ def test_host_local_gc_releases_leases_of_unknown_attachments(host, kit, tmp_pat
 def test_host_local_gc_keeps_the_lease_cache_coherent(host, kit, tmp_path, monkeypatch):
     """In a long-lived process the leases are cached (inotify); GC's unlinks reach the cache, so
     a GC'd attachment can be added again (no "duplicate allocation") and its address reused."""
-    monkeypatch.setattr(host_local, "_stores_opened", 10)  # the cache is on from the first store
+    monkeypatch.setattr(hl_cache, "_stores_opened", 10)  # the cache is on from the first store
     plugin = HostLocalPlugin()
     conf = _ipam(tmp_path) | {"ipam": _ipam(tmp_path)["ipam"] | {"ranges": [[{"subnet": "198.18.71.0/30"}]]}}
     first = plugin.handle(kit.request("ADD", conf, "a", ""))["ips"][0]["address"]

@@ -18,8 +18,9 @@ import pytest
 
 from pycni.errors import CNIError
 from pycni.plugin import PluginRequest
-from pycni_plugins import host_local
 from pycni_plugins.host_local import HostLocalPlugin
+from pycni_plugins.host_local import lease_cache as hl_cache
+from pycni_plugins.host_local.disk import DiskStore
 
 pytestmark = pytest.mark.reference
 
@@ -72,8 +73,8 @@ RUNNERS = {"go": go, "py": py}
 @pytest.fixture(autouse=True, params=["cached", "uncached"])
 def lease_cache(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test runs with pycni's in-process lease cache and without it (full directory reads)."""
-    monkeypatch.setattr(host_local, "_CACHE_LEASES", request.param == "cached")
-    monkeypatch.setattr(host_local, "_stores_opened", max(host_local._stores_opened, 2))
+    monkeypatch.setattr(hl_cache, "_CACHE_LEASES", request.param == "cached")
+    monkeypatch.setattr(hl_cache, "_stores_opened", max(hl_cache._stores_opened, 2))
     return request.param
 
 
@@ -289,14 +290,14 @@ def test_go_and_pycni_lock_each_other_out_on_one_attachment(tmp_path: Path, monk
     conf = make_conf(tmp_path)
     for i in range(100):  # a scan that takes a while, on the Go side too
         py("ADD", conf, f"other{i}")
-    find = host_local._Store.find
+    find = DiskStore.find
 
     def slow_find(self: Any, *args: Any) -> Any:  # widen pycni's scan-to-reserve window
         found = find(self, *args)
         time.sleep(0.01)
         return found
 
-    monkeypatch.setattr(host_local._Store, "find", slow_find)
+    monkeypatch.setattr(DiskStore, "find", slow_find)
     env = {
         "CNI_COMMAND": "ADD",
         "CNI_CONTAINERID": "same",

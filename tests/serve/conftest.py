@@ -64,10 +64,16 @@ class Daemon:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def requests(self) -> list[str]:
-        """The per-request log lines (``<type> <command> <container> <outcome> <ms>``)."""
-        lines = [line.split("pycni serve: ", 1)[1] for line in self.log().splitlines() if line.endswith("ms")]
-        return [line for line in lines if not line.startswith("- - - ping ")]
+    def requests(self, count: int = 0, timeout: float = 10.0) -> list[str]:
+        """The per-request log lines (``<type> <command> <container> <outcome> <ms>``), once there
+        are ``count`` of them (a request is logged just after its answer is sent)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            lines = [line.split("pycni serve: ", 1)[1] for line in self.log().splitlines() if line.endswith("ms")]
+            lines = [line for line in lines if not line.startswith("- - - ping ")]
+            if len(lines) >= count or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.02)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int:
         if self.proc.poll() is None:

@@ -62,7 +62,7 @@ def test_a_caller_in_another_mount_namespace_runs_the_plugin_itself(daemon, bind
     private = ("unshare", "--mount", "--propagation", "private")
     o = call(bindir, "loopback", _add_env(ctr), LOOPBACK, host=host_ns.path, socket_path=daemon.socket, wrap=private)
     assert o == expected
-    assert [line.rsplit(" ", 1)[0] for line in daemon.requests()] == [
+    assert [line.rsplit(" ", 1)[0] for line in daemon.requests(1)] == [
         "- - - fallback (caller in another mount namespace)"
     ]
     required = call(

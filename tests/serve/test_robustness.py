@@ -130,7 +130,7 @@ def test_a_caller_neither_root_nor_the_daemons_uid_is_not_served(daemon, host_ns
         nobody = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
         o = call(shims, "bridge", VERSION_ENV, host=host_ns.path, socket_path=daemon.socket, inner=nobody)
         assert o.status == 0 and json.loads(o.stdout)["cniVersion"], o  # the shim ran it itself
-        assert [line.rsplit(" ", 1)[0] for line in daemon.requests()] == [
+        assert [line.rsplit(" ", 1)[0] for line in daemon.requests(1)] == [
             "- - - fallback (caller uid 65534 is neither root nor the daemon's)"
         ]
         required = call(
@@ -147,7 +147,7 @@ def test_an_oversized_request_is_left_to_the_shim(daemon, bindir, host_ns):
     served = call(bindir, "bridge", env, big, host=host_ns.path, socket_path=daemon.socket)
     local = call(bindir, "bridge", env, big, host=host_ns.path, mode="off")
     assert served == local
-    (line,) = daemon.requests()
+    (line,) = daemon.requests(1)
     assert " fallback (request of " in line and "over the 1048576 limit" in line
 
 
@@ -185,7 +185,8 @@ def test_beyond_the_workers_requests_wait_then_get_try_again_later(start_daemon,
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    outcomes = [line.split(" ", 3)[3] for line in daemon.requests()]
+    # The daemon logs a request after answering it: wait for the slow ADD's line.
+    outcomes = [line.split(" ", 3)[3] for line in daemon.requests(2)]  # the waiting VERSION and the ADD
     assert any(o.startswith("busy (error 11)") for o in outcomes), outcomes
     assert any(o.startswith("ok") for o in outcomes), outcomes
     assert "busy: 2 connections waiting or running" in daemon.log()

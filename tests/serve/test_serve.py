@@ -113,7 +113,7 @@ def test_every_plugin_and_command_answers_as_the_plugin_run_without_the_daemon(
     served = _chain_pass(bindir, confs, host_ns.path, ctr, socket_path=daemon.socket, mode="required")
     local = _chain_pass(bindir, confs, host_ns.path, ctr, socket_path=daemon.socket, mode="off")
     assert _normalised(served) == _normalised(local)
-    lines = daemon.requests()
+    lines = daemon.requests(len(served))
     assert len(lines) == len(served), lines
     assert all(" ok " in line for line in lines), lines
     assert lines[0].startswith("loopback ADD c1 ok ")
@@ -141,7 +141,7 @@ def test_errors_are_the_plugins_own_bytes(daemon, bindir, make_netns, host_ns, t
         served = call(bindir, plugin, env, stdin, host=host_ns.path, socket_path=daemon.socket, mode="required")
         local = call(bindir, plugin, env, stdin, host=host_ns.path, socket_path=daemon.socket, mode="off")
         assert served == local, (env, stdin)
-    assert len(daemon.requests()) == len(cases)
+    assert len(daemon.requests(len(cases))) == len(cases)
 
 
 def test_a_netns_path_that_is_no_namespace_is_left_to_the_plugin_run_by_the_shim(daemon, bindir, host_ns, tmp_path):

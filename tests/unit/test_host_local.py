@@ -18,8 +18,9 @@ import pytest
 
 from pycni.errors import CNIError, ErrorCode
 from pycni.plugin import PluginRequest
-from pycni_plugins import host_local
 from pycni_plugins.host_local import HostLocalPlugin
+from pycni_plugins.host_local import lease_cache as hl_cache
+from pycni_plugins.host_local.disk import DiskStore
 
 NET = "testnet"
 PLUGIN = HostLocalPlugin()
@@ -68,8 +69,8 @@ def data_dir(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True, params=["cached", "uncached"])
 def lease_cache(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test runs with the in-process lease cache (warm after a directory's first call) and without it."""
-    monkeypatch.setattr(host_local, "_CACHE_LEASES", request.param == "cached")
-    monkeypatch.setattr(host_local, "_stores_opened", max(host_local._stores_opened, 2))
+    monkeypatch.setattr(hl_cache, "_CACHE_LEASES", request.param == "cached")
+    monkeypatch.setattr(hl_cache, "_stores_opened", max(hl_cache._stores_opened, 2))
     return request.param
 
 
@@ -560,14 +561,14 @@ def test_planted_lease_symlinks_and_fifos_are_skipped_not_followed(data_dir: Pat
 
 def slow_scan(monkeypatch: pytest.MonkeyPatch) -> None:
     """Widen the window between the duplicate-check scan and the reservation."""
-    find = host_local._Store.find
+    find = DiskStore.find
 
     def slow(self: Any, *args: Any) -> Any:
         found = find(self, *args)
         time.sleep(0.01)
         return found
 
-    monkeypatch.setattr(host_local._Store, "find", slow)
+    monkeypatch.setattr(DiskStore, "find", slow)
 
 
 def test_threads_allocate_distinct_ips(data_dir: Path) -> None:

@@ -1,6 +1,6 @@
 """host-local's in-process lease cache: warm operations read O(changes), and the cache is never stale.
 
-The cache (``pycni_plugins.host_local``, "The lease cache") keeps each network directory's lease
+The cache (``pycni_plugins.host_local.lease_cache``) keeps each network directory's lease
 contents in memory, kept exact with inotify. These tests change the directory behind its back
 (another Python process, plain file operations, delete + recreate on a reused inode, in-place
 rewrites, a replaced directory, queue overflow, fork) and check that the next operation sees
@@ -25,8 +25,9 @@ import pytest
 
 from pycni.errors import CNIError
 from pycni.plugin import PluginRequest
-from pycni_plugins import host_local
 from pycni_plugins.host_local import HostLocalPlugin
+from pycni_plugins.host_local import lease_cache as hl_cache
+from pycni_plugins.host_local.disk import DiskStore
 
 NET = "cachenet"
 PLUGIN = HostLocalPlugin()
@@ -64,10 +65,10 @@ def leases(data_dir: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in net.iterdir() if p.name != "lock" and not p.name.startswith("last_")}
 
 
-def entry_of(data_dir: Path) -> host_local._Leases:
+def entry_of(data_dir: Path) -> hl_cache.Leases:
     """The cache entry of the network dir (the one of the last directory the process used)."""
     st = os.stat(data_dir / NET)
-    watcher = host_local._watcher
+    watcher = hl_cache._watcher
     assert watcher is not None
     entry = watcher.dirs[(st.st_dev, st.st_ino)]
     assert entry.alive
@@ -91,15 +92,15 @@ def data_dir(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def cache_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cache as a long-lived process has it: on, past the first store of the process."""
-    monkeypatch.setattr(host_local, "_CACHE_LEASES", True)
-    monkeypatch.setattr(host_local, "_stores_opened", max(host_local._stores_opened, 2))
+    monkeypatch.setattr(hl_cache, "_CACHE_LEASES", True)
+    monkeypatch.setattr(hl_cache, "_stores_opened", max(hl_cache._stores_opened, 2))
 
 
 @pytest.fixture
 def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """Counts full directory reads and single-file reads."""
     counts: Counter[str] = Counter()
-    lease_files, read = host_local._Store.lease_files, host_local._Store._read
+    lease_files, read = DiskStore.lease_files, DiskStore._read
 
     def counting_lease_files(self: Any) -> Any:
         counts["directory"] += 1
@@ -109,8 +110,8 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         counts["file"] += 1
         return read(self, name, limit)
 
-    monkeypatch.setattr(host_local._Store, "lease_files", counting_lease_files)
-    monkeypatch.setattr(host_local._Store, "_read", counting_read)
+    monkeypatch.setattr(DiskStore, "lease_files", counting_lease_files)
+    monkeypatch.setattr(DiskStore, "_read", counting_read)
     return counts
 
 
@@ -119,6 +120,7 @@ import json, sys
 from pycni.errors import CNIError
 from pycni.plugin import PluginRequest
 from pycni_plugins import host_local
+from pycni_plugins.host_local import lease_cache as hl_cache
 
 conf = json.loads(sys.argv[1])
 out = []
@@ -128,7 +130,7 @@ for command, cid, args in json.loads(sys.argv[2]):
         out.append(host_local.HostLocalPlugin().handle(request))
     except CNIError as e:
         out.append({"msg": e.msg})
-print(json.dumps({"results": out, "inotify": host_local._watcher is not None}))
+print(json.dumps({"results": out, "inotify": hl_cache._watcher is not None}))
 """
 
 
@@ -206,11 +208,11 @@ def test_the_cache_holds_one_entry_per_lease(data_dir: Path) -> None:
 def test_directories_beyond_the_limit_are_evicted_and_still_right(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(host_local, "_MAX_DIRS", 3)
+    monkeypatch.setattr(hl_cache, "_MAX_DIRS", 3)
     confs = [make_conf(tmp_path / f"d{i}") for i in range(5)]
     for conf in confs:
         add(conf, "a")
-    watcher = host_local._watcher
+    watcher = hl_cache._watcher
     assert watcher is not None
     assert len(watcher.dirs) <= 3
     assert len(watcher.by_wd) == len(watcher.dirs)
@@ -223,7 +225,7 @@ def test_directories_beyond_the_limit_are_evicted_and_still_right(
 def test_many_unread_changes_fall_back_to_one_full_read(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, reads: Counter[str]
 ) -> None:
-    monkeypatch.setattr(host_local, "_MAX_DIRTY", 5)
+    monkeypatch.setattr(hl_cache, "_MAX_DIRTY", 5)
     conf = make_conf(data_dir)
     add(conf, "a")
     for i in range(10, 30):
@@ -363,7 +365,7 @@ def test_two_paths_to_one_directory_share_one_cache(data_dir: Path, tmp_path: Pa
     via_alias = make_conf(alias)
     run("CHECK", via_alias, "a")
     assert add(via_alias, "b") == "10.0.0.3"
-    watcher = host_local._watcher
+    watcher = hl_cache._watcher
     assert watcher is not None
     st = os.stat(data_dir / NET)
     assert sum(key == (st.st_dev, st.st_ino) for key in watcher.dirs) == 1
@@ -375,7 +377,7 @@ def test_a_queue_overflow_makes_the_next_operation_read_everything(data_dir: Pat
     conf = make_conf(data_dir)
     add(conf, "a")
     run("CHECK", conf, "a")
-    watcher = host_local._watcher
+    watcher = hl_cache._watcher
     assert watcher is not None
     # Changes whose events are lost: the kernel says so with one IN_Q_OVERFLOW (wd -1).
     with watcher.mutex:
@@ -383,7 +385,7 @@ def test_a_queue_overflow_makes_the_next_operation_read_everything(data_dir: Pat
     (data_dir / NET / "10.0.0.2").write_bytes(b"b\r\neth0")
     with watcher.mutex:
         watcher._drain()
-        watcher.dispatch(host_local._EVENT.pack(-1, host_local._IN_Q_OVERFLOW, 0, 0))
+        watcher.dispatch(hl_cache._EVENT.pack(-1, hl_cache._IN_Q_OVERFLOW, 0, 0))
     reads.clear()
     run("CHECK", conf, "b")
     assert reads["directory"] == 1
@@ -394,10 +396,10 @@ def test_a_lost_watch_drops_the_entry(data_dir: Path, reads: Counter[str]) -> No
     conf = make_conf(data_dir)
     add(conf, "a")
     entry = entry_of(data_dir)
-    watcher = host_local._watcher
+    watcher = hl_cache._watcher
     assert watcher is not None
     with watcher.mutex:
-        watcher.dispatch(host_local._EVENT.pack(entry.wd, host_local._IN_IGNORED, 0, 0))
+        watcher.dispatch(hl_cache._EVENT.pack(entry.wd, hl_cache._IN_IGNORED, 0, 0))
     assert not entry.alive
     reads.clear()
     run("CHECK", conf, "a")
@@ -451,18 +453,18 @@ def test_a_stale_taken_hint_never_makes_a_range_look_exhausted(data_dir: Path) -
 def test_a_failed_full_read_is_retried(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     conf = make_conf(data_dir)
     add(conf, "a")
-    with host_local._watcher.mutex:  # type: ignore[union-attr]
-        host_local._watcher._overflow()  # type: ignore[union-attr]
-    lease_files = host_local._Store.lease_files
+    with hl_cache._watcher.mutex:  # type: ignore[union-attr]
+        hl_cache._watcher._overflow()  # type: ignore[union-attr]
+    lease_files = DiskStore.lease_files
 
     def failing(self: Any) -> Any:
         yield from list(lease_files(self))[:0]
         raise OSError(5, "I/O error")
 
-    monkeypatch.setattr(host_local._Store, "lease_files", failing)
+    monkeypatch.setattr(DiskStore, "lease_files", failing)
     with pytest.raises(OSError):
         run("CHECK", conf, "a")
-    monkeypatch.setattr(host_local._Store, "lease_files", lease_files)
+    monkeypatch.setattr(DiskStore, "lease_files", lease_files)
     run("CHECK", conf, "a")
     assert entry_of(data_dir).content == {"10.0.0.2": b"a\r\neth0"}
 
@@ -475,7 +477,7 @@ def test_without_a_watch_the_directory_is_read_every_time(
 ) -> None:
     conf = make_conf(data_dir)
     add(conf, "a")
-    monkeypatch.setattr(host_local._Watcher, "entry", lambda self, store: None)  # e.g. ENOSPC on add_watch
+    monkeypatch.setattr(hl_cache.Watcher, "entry", lambda self, store: None)  # e.g. ENOSPC on add_watch
     reads.clear()
     run("CHECK", conf, "a")
     add(conf, "b")
@@ -487,19 +489,19 @@ def test_without_a_watch_the_directory_is_read_every_time(
 def test_without_inotify_the_directory_is_read_every_time(
     data_dir: Path, monkeypatch: pytest.MonkeyPatch, reads: Counter[str]
 ) -> None:
-    monkeypatch.setattr(host_local, "_watcher", None)
-    monkeypatch.setattr(host_local, "_watcher_failed_at", float("-inf"))
+    monkeypatch.setattr(hl_cache, "_watcher", None)
+    monkeypatch.setattr(hl_cache, "_watcher_failed_at", float("-inf"))
 
     def no_inotify() -> None:
         raise OSError(24, "Too many open files")  # fs.inotify.max_user_instances reached
 
-    monkeypatch.setattr(host_local, "_Watcher", no_inotify)
+    monkeypatch.setattr(hl_cache, "Watcher", no_inotify)
     conf = make_conf(data_dir)
     add(conf, "a")
     add(conf, "b")
     run("DEL", conf, "a")
     assert reads["directory"] == 3
-    assert host_local._watcher is None
+    assert hl_cache._watcher is None
     assert leases(data_dir) == {"10.0.0.3": b"b\r\neth0"}
 
 
@@ -582,16 +584,16 @@ def test_forked_children_and_threads_share_a_directory_with_a_warm_parent(data_d
 def test_a_forked_child_gets_its_own_inotify_instance(data_dir: Path) -> None:
     conf = make_conf(data_dir)
     add(conf, "a")
-    parent = host_local._watcher
+    parent = hl_cache._watcher
     assert parent is not None
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through the pipe
         code = 1
         try:
-            fresh = host_local._watcher is None
+            fresh = hl_cache._watcher is None
             add(conf, "child")
-            child = host_local._watcher
+            child = hl_cache._watcher
             ok = fresh and child is not None and child is not parent and child.pid == os.getpid()
             os.write(write_end, b"ok" if ok else b"bad")
             code = 0
@@ -602,7 +604,7 @@ def test_a_forked_child_gets_its_own_inotify_instance(data_dir: Path) -> None:
     assert os.read(read_end, 16) == b"ok"
     os.close(read_end)
     assert status == 0
-    assert host_local._watcher is parent
+    assert hl_cache._watcher is parent
     run("CHECK", conf, "child")
     assert synced(data_dir) == {"10.0.0.2": b"a\r\neth0", "10.0.0.3": b"child\r\neth0"}
 
