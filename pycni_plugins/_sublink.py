@@ -4,7 +4,9 @@ The link is created with a temporary name directly in the container's namespace 
 ``linkInContainer``, in it from a master that lives there), renamed to ``CNI_IFNAME`` there and
 deleted again if anything later fails; addresses come from the IPAM plugin (all on interface
 0) and are applied as the reference's ``ConfigureIface`` does. DEL runs the IPAM plugin's DEL,
-then deletes the link; a namespace that is gone means nothing is left to delete.
+then deletes the link its attachment's record names (:mod:`.kernel.owned`: never another
+attachment's ``CNI_IFNAME``; without a record, ``CNI_IFNAME`` as the reference does); a
+namespace that is gone means nothing is left to delete.
 """
 
 from __future__ import annotations
@@ -23,10 +25,21 @@ from pycni.errors import CNIError
 from pycni.sdk import PluginRequest, delegate
 from pycni.types import DNS, Interface, IPConfig, Result
 
-from ._common import fail, in_netns, ipam_result, netns_gone, prev_result
-from .kernel import ifconfig, links, sysctl
+from ._common import attachment, fail, in_netns, ipam_result, netns_gone, prev_result
+from .kernel import ifconfig, links, owned, sysctl
 
-__all__ = ["Master", "lookup_master", "create", "configure", "delete", "check", "config_dns", "DRIVERS"]
+__all__ = [
+    "Master",
+    "lookup_master",
+    "begin",
+    "create",
+    "configure",
+    "undo",
+    "delete",
+    "check",
+    "config_dns",
+    "DRIVERS",
+]
 
 #: kind -> the kernel option whose absence makes RTM_NEWLINK fail with EOPNOTSUPP
 DRIVERS = {"macvlan": "CONFIG_MACVLAN", "ipvlan": "CONFIG_IPVLAN", "vlan": "CONFIG_VLAN_8021Q", "vrf": "CONFIG_NET_VRF"}
@@ -98,9 +111,15 @@ def _rename(tmp: str, ifname: str) -> links.Link:
         return link
 
 
+def begin(request: PluginRequest, kind: str) -> None:
+    """An ADD's first step (:meth:`owned.LinkRecords.begin`), before any look-up that can fail."""
+    owned.LinkRecords(kind).begin(attachment(request), request.netns, request.ifname)
+
+
 def create(request: PluginRequest, kind: str, master: Master, fd: int, spec: Mapping[str, Any]) -> Interface:
     """Create the ``kind`` link on ``master`` in the container as ``CNI_IFNAME``; ``spec`` holds
-    the RTM_NEWLINK attributes (mtu, address, kind data)."""
+    the RTM_NEWLINK attributes (mtu, address, kind data). After :func:`begin`: the attachment's
+    record names the link once it is there."""
     tmp = links.random_veth_name()
     full = {"link": master.link.index, **spec}
     try:
@@ -116,6 +135,7 @@ def create(request: PluginRequest, kind: str, master: Master, fd: int, spec: Map
         with contextlib.suppress(Exception):
             netns.run_in(fd, links.delete_link, tmp)
         raise fail(f'failed to rename {kind} to "{request.ifname}": {e.strerror}') from e
+    owned.LinkRecords(kind).made(attachment(request), fd, link)
     return Interface(request.ifname, link.mac, sandbox=request.netns)
 
 
@@ -179,18 +199,39 @@ def configure(
     return attrs.evolve(result, dns=dns) if dns is not None else result
 
 
-def delete(request: PluginRequest, ipam_type: str) -> None:
-    if ipam_type:
-        delegate(request, ipam_type, "DEL")
+def _delete_index(index: int, mac: str) -> None:
+    with links.iproute() as ipr:
+        link = links.get_link(ipr, index=index)
+    if link is not None and link.mac == mac:
+        links.delete_link(link.name)
+
+
+def _delete_owned(request: PluginRequest, kind: str) -> None:
     if not request.netns:
         return
+    link = owned.LinkRecords(kind).container_link(attachment(request), request.netns, request.ifname)
+    if link is None:
+        return
     try:
-        netns.run_in(request.netns, links.delete_link, request.ifname)
+        netns.run_in(request.netns, _delete_index, link.index, link.mac)
     except netns.NetnsError as e:
         if not netns_gone(e):
             raise fail(str(e)) from e
     except links.LinkError as e:
-        raise fail(f'failed to delete "{request.ifname}": {e.strerror}') from e
+        raise fail(f'failed to delete "{link.name}": {e.strerror}') from e
+
+
+def undo(request: PluginRequest, kind: str) -> None:
+    """A failed ADD's undo after :func:`create`: the link it made; its record then names none."""
+    _delete_owned(request, kind)
+    owned.LinkRecords(kind).nothing_created(attachment(request))
+
+
+def delete(request: PluginRequest, kind: str, ipam_type: str) -> None:
+    if ipam_type:
+        delegate(request, ipam_type, "DEL")
+    _delete_owned(request, kind)
+    owned.LinkRecords(kind).remove(attachment(request).key)
 
 
 def _read(ifname: str) -> tuple[links.Link | None, dict[str, Any]]:

@@ -21,7 +21,7 @@ error texts follow containernetworking/plugins v1.9.1. Where pycni differs, on p
   attachments it was not told are valid, and an ADD that has to re-create a deleted bridge
   gives it its old MAC and re-enslaves the surviving veths of the earlier attachments;
 * an ADD or its undo, and a DEL, remove only what the attachment's record says it made (the
-  rule :mod:`.kernel.veths` keeps for bridge and ptp alike): a failed ADD leaves a record
+  rule :mod:`.kernel.owned` keeps for bridge and ptp alike): a failed ADD leaves a record
   naming no veth (``"host": null``), so its DEL (a runtime's rollback included) deletes no
   interface; with a record, DEL deletes the recorded host veth (taking the container end with
   it) and never a container interface by name; only a DEL without any record (an attachment
@@ -73,7 +73,7 @@ from ._common import (
     prev_result,
     valid_attachments,
 )
-from .kernel import layout, links, nft, sysctl, veths
+from .kernel import layout, links, nft, owned, sysctl
 
 __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 
@@ -83,7 +83,7 @@ _IFNAME_BAD = re.compile(r'[/:\s"\\]')
 _MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 _NO_PREV = "Required prevResult missing"
 #: Per attachment: ``{"attachment", "bridge", "bridge_mac", "host"}`` (see the module docstring).
-_LINKS = veths.VethRecords("bridge")
+_LINKS = owned.LinkRecords("bridge")
 _NFT_OWNERS = ("masq", "spoofchk")
 
 
@@ -521,7 +521,7 @@ class BridgePlugin(Plugin):
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)
         att = attachment(request)
-        # Only what the attachment's record says it made (see kernel.veths): a failed ADD's
+        # Only what the attachment's record says it made (see kernel.owned): a failed ADD's
         # record names no veth, and an eth0 it did not make is kept.
         _LINKS.delete(att, request.netns, request.ifname)
         failpoint("bridge.del.after-link")

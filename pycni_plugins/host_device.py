@@ -16,6 +16,10 @@ differs, on purpose:
   addresses when a device changes namespace) and put back on DEL; the reference loses the
   addresses and leaves the device down. A device moved by another implementation (no record)
   is returned as the reference does: renamed back from its alias, down;
+* DEL moves back only the device its attachment's record names, while it still is that device
+  (:mod:`.kernel.owned`: namespace, ifindex, MAC); a failed ADD leaves a record naming none,
+  so its rollback never takes another attachment's ``CNI_IFNAME``; with no record, DEL moves
+  ``CNI_IFNAME`` back (the reference's behaviour) unless another attachment's record names it;
 * the device that carries the host namespace's default route is refused (code 7) before
   anything changes: moving it would cut the host off;
 * a DEL whose container namespace is gone, or that finds no ``CNI_IFNAME`` there (a repeated
@@ -41,8 +45,7 @@ from pycni.types import Interface, IPConfig, Result
 
 from . import _sublink
 from ._common import Fields, attachment, emit, fail, ipam_result, netns_gone
-from .kernel import ifconfig, links
-from .kernel.state import Records
+from .kernel import ifconfig, links, owned
 
 __all__ = ["HostDeviceConfig", "HostDevicePlugin", "load_config"]
 
@@ -51,8 +54,8 @@ SYS_BUS_PCI = "/sys/bus/pci/devices"
 SYS_BUS_AUXILIARY = "/sys/bus/auxiliary/devices"
 USERSPACE_DRIVERS = ("vfio-pci", "uio_pci_generic", "igb_uio")
 _MAC = re.compile(r"[0-9a-fA-F]{2}([:-])[0-9a-fA-F]{2}(\1[0-9a-fA-F]{2}){4}")
-#: Per attachment: ``{"attachment", "device", "addresses", "up"}``.
-_MOVED = Records("host-device")
+#: Per attachment: ``{"attachment", "link", "device", "addresses", "up"}``.
+_MOVED = owned.LinkRecords("host-device")
 
 
 class HostDeviceConfig:
@@ -184,21 +187,21 @@ def _up_in_container(ifname: str) -> links.Link:
         return link
 
 
-def _alias(ifname: str) -> tuple[int, str] | None:
+def _alias(index: int) -> str | None:
     with links.iproute() as ipr:
         try:
-            msg = ipr.link("get", ifname=ifname)[0]
+            msg = ipr.link("get", index=index)[0]
         except NetlinkError:
             return None
-        return msg["index"], msg.get("ifalias") or ""
+        return str(msg.get("ifalias") or "")
 
 
-def _move_out(ifname: str, host_fd: int, host_name: str | None) -> str:
-    """Move ``ifname`` back to the host as ``host_name`` (default: its alias); returns the name."""
-    found = _alias(ifname)
-    if found is None:
+def _move_out(ifname: str, index: int, host_fd: int, host_name: str | None) -> str:
+    """Move link ``index`` (``ifname``) back to the host as ``host_name`` (default: its alias);
+    returns the name."""
+    alias = _alias(index)
+    if alias is None:
         raise fail(f'failed to find "{ifname}" in containerNS: Link not found')
-    index, alias = found
     name = host_name or alias
     if not name:
         raise fail(f'failed to find original ifname for "{ifname}" (alias is not set)')
@@ -258,35 +261,46 @@ class HostDevicePlugin(Plugin):
             ips = [IPConfig(ip.address, ip.gateway, 0) for ip in ipam.ips]
             result = Result("1.1.0", interfaces=[iface], ips=ips, routes=ipam.routes)
             return attrs.evolve(result, dns=conf.dns) if conf.dns is not None else result
-        device, addrs = _select(conf)
         att = attachment(request)
-        _MOVED.store(
-            att.key, {"attachment": attrs.asdict(att), "device": device.name, "addresses": addrs, "up": device.up}
-        )
+        _MOVED.begin(att, request.netns, request.ifname)
+        device, addrs = _select(conf)
+        moved = {"device": device.name, "addresses": addrs, "up": device.up}
+        # Named before the move (the kernel keeps its MAC, and its ifindex unless taken there),
+        # so a crash right after the move still gives it back; a failed move names none.
+        _MOVED.made(att, fd, device, **moved)
         try:
             _move_in(device.index, fd, request.ifname, device.name)
         except links.LinkError as e:
-            _MOVED.remove(att.key)
+            # The kernel moves before it renames: a refused name (EEXIST) leaves the device in
+            # the container under its host name, which the record already names.
+            with contextlib.suppress(Exception):
+                self._give_back(request, fd)
+            _MOVED.nothing_created(att)
             raise fail(f'failed to move link failed to move "{device.name}" to container NS: {e.strerror}') from e
         try:
             link = netns.run_in(fd, _up_in_container, request.ifname)
+            _MOVED.made(att, fd, link, **moved)
             iface = Interface(request.ifname, link.mac, sandbox=request.netns)
             return _sublink.configure(request, fd, iface, conf.ipam_type, conf.dns, notify=False)
         except BaseException:
             with contextlib.suppress(Exception):
                 self._give_back(request, fd)
+            _MOVED.nothing_created(att)
             raise
 
     def _give_back(self, request: PluginRequest, fd: int) -> None:
+        """Move the device DEL may take (see :meth:`owned.LinkRecords.container_link`) back."""
         att = attachment(request)
         record = _MOVED.load(att.key)
-        record = record if isinstance(record, dict) else {}
-        host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            name = netns.run_in(fd, _move_out, request.ifname, host_fd, record.get("device"))
-        finally:
-            os.close(host_fd)
-        _restore_host(name, list(record.get("addresses") or ()), bool(record.get("up")))
+        link = _MOVED.container_link(att, request.netns, request.ifname)
+        if link is not None:
+            record = record if isinstance(record, dict) else {}
+            host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                name = netns.run_in(fd, _move_out, request.ifname, link.index, host_fd, record.get("device"))
+            finally:
+                os.close(host_fd)
+            _restore_host(name, list(record.get("addresses") or ()), bool(record.get("up")))
         _MOVED.remove(att.key)
 
     def delete(self, request: PluginRequest) -> None:
@@ -304,10 +318,6 @@ class HostDevicePlugin(Plugin):
             if conf.ipam_type:
                 delegate(request, conf.ipam_type, "DEL")
             if conf.dpdk:
-                return
-            if netns.run_in(fd, links.ifindex, request.ifname) is None:
-                # Already given back (a repeated DEL), or gone with its namespace's contents.
-                _MOVED.remove(attachment(request).key)
                 return
             self._give_back(request, fd)
         finally:

@@ -105,6 +105,7 @@ class IpvlanPlugin(Plugin):
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
         conf = load_config(request)
+        _sublink.begin(request, "ipvlan")
         if not conf.ipam_type and not conf.chained:
             raise fail("no plugin name provided")  # what the reference's IPAM delegation says
         master = _sublink.lookup_master(request, conf.master, conf.link_in_container)
@@ -120,7 +121,7 @@ class IpvlanPlugin(Plugin):
             try:
                 result = _sublink.configure(request, fd, iface, conf.ipam_type, conf.dns, use_prev=True)
             except BaseException:
-                _sublink.delete(request, "")
+                _sublink.undo(request, "ipvlan")
                 raise
         finally:
             os.close(fd)
@@ -128,7 +129,7 @@ class IpvlanPlugin(Plugin):
 
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request, resolve_chain=False)
-        _sublink.delete(request, conf.ipam_type)
+        _sublink.delete(request, "ipvlan", conf.ipam_type)
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request, resolve_chain=False)

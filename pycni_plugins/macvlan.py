@@ -129,6 +129,7 @@ class MacvlanPlugin(Plugin):
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
         conf = load_config(request)
+        _sublink.begin(request, "macvlan")
         master = _master(request, conf)
         try:
             fd = netns.open_netns(request.netns)
@@ -146,7 +147,7 @@ class MacvlanPlugin(Plugin):
             try:
                 result = _sublink.configure(request, fd, iface, conf.ipam_type, conf.dns)
             except BaseException:
-                _sublink.delete(request, "")
+                _sublink.undo(request, "macvlan")
                 raise
         finally:
             os.close(fd)
@@ -154,7 +155,7 @@ class MacvlanPlugin(Plugin):
 
     def delete(self, request: PluginRequest) -> None:
         f = Fields(request.config, "failed to load netConf")
-        _sublink.delete(request, f.string("type", source=f.mapping("ipam")))
+        _sublink.delete(request, "macvlan", f.string("type", source=f.mapping("ipam")))
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request)

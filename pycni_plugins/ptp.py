@@ -25,7 +25,7 @@ Where pycni differs, on purpose:
   upstream) removes the masquerade elements, veths and records of attachments not in
   ``cni.dev/valid-attachments`` and passes GC on to the IPAM plugin;
 * an ADD or its undo, and a DEL, remove only what the attachment's record says it made, as
-  bridge does (:mod:`.kernel.veths`): a failed ADD leaves a record naming no veth, so its DEL
+  bridge does (:mod:`.kernel.owned`): a failed ADD leaves a record naming no veth, so its DEL
   (a runtime's rollback included) deletes no interface, and with a record DEL never deletes a
   container interface by name (upstream deletes ``CNI_IFNAME``, whoever made it). An ADD for
   an attachment whose recorded veth is still there (any netns) is refused before IPAM runs,
@@ -62,13 +62,13 @@ from ._common import (
     prev_result,
     valid_attachments,
 )
-from .kernel import layout, links, nft, sysctl, veths
+from .kernel import layout, links, nft, owned, sysctl
 
 __all__ = ["PtpConfig", "PtpPlugin", "load_config"]
 
 VETH_RETRIES = 10
-#: Per attachment: ``{"attachment", "host"}`` (the host veth's name; see :mod:`.kernel.veths`).
-_LINKS = veths.VethRecords("ptp")
+#: Per attachment: ``{"attachment", "host"}`` (the host veth's name; see :mod:`.kernel.owned`).
+_LINKS = owned.LinkRecords("ptp")
 
 
 @attrs.frozen
@@ -302,7 +302,7 @@ class PtpPlugin(Plugin):
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)
         att = attachment(request)
-        # Only what the attachment's record says it made (see kernel.veths): a failed ADD's
+        # Only what the attachment's record says it made (see kernel.owned): a failed ADD's
         # record names no veth, and an eth0 it did not make is kept.
         _LINKS.delete(att, request.netns, request.ifname)
         nft.release("masq", att)

@@ -86,6 +86,7 @@ class VlanPlugin(Plugin):
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
         conf = load_config(request)
+        _sublink.begin(request, "vlan")
         master = _sublink.lookup_master(request, conf.master, conf.link_in_container)
         if conf.mtu > master.link.mtu:
             raise fail(f"invalid MTU {conf.mtu}, must be [0, master MTU({master.link.mtu})]")
@@ -103,14 +104,14 @@ class VlanPlugin(Plugin):
             try:
                 result = _sublink.configure(request, fd, iface, conf.ipam_type, conf.dns, notify=False)
             except BaseException:
-                _sublink.delete(request, "")
+                _sublink.undo(request, "vlan")
                 raise
         finally:
             os.close(fd)
         return emit(result, request)
 
     def delete(self, request: PluginRequest) -> None:
-        _sublink.delete(request, load_config(request).ipam_type)
+        _sublink.delete(request, "vlan", load_config(request).ipam_type)
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request)

@@ -7,7 +7,7 @@
 - :mod:`.sysctl` — ``/proc/sys`` reads and writes in the calling thread's namespace;
 - :mod:`.nft`    — the one nftables transaction builder, pycni's table, per-attachment records;
 - :mod:`.state`  — the private state dir those records live in;
-- :mod:`.veths`  — bridge's and ptp's per-attachment veth records: what DEL may delete;
+- :mod:`.owned`  — per-attachment link records (veths, sub-links, moved devices): what DEL may take;
 - :mod:`.layout` — what lives in that table (masquerade, host ports, forward filter, spoof check).
 
 Namespaces are entered only through :mod:`pycni.netns`.

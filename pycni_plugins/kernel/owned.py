@@ -1,0 +1,236 @@
+"""The per-attachment records that say which link is whose: bridge's and ptp's veths, the
+macvlan, ipvlan and vlan links, the devices host-device moves.
+
+One rule for all (issue 10, items 1 and 5): a failed ADD undoes only what it created;
+rollback and DEL remove only what this attachment's record says it created; an interface it
+did not create is never deleted (or, for host-device, moved back). For veths (bridge, ptp):
+
+* the record (``<kind>/<attachment key>`` under pycni's state dir: ``{"attachment", "host",
+  ...}``) names the host veth before the veth is created; a failed ADD leaves one naming none
+  (``"host": null``), so its DEL (a runtime's rollback included) deletes no interface;
+* with a record, DEL deletes the recorded host veth while it still is that veth (the kernel
+  takes the container end with it, wherever the namespace is) and never a container interface
+  by name;
+* only a DEL with no record at all (an attachment made by the reference plugin, a lost state
+  dir, a repeated DEL) deletes ``CNI_IFNAME`` in the container by name, as the reference does,
+  and not when it is the peer of a host veth any bridge or ptp record names;
+* an ADD whose attachment's recorded veth is still there (same container ID and ifname, any
+  netns) is refused by the plugin before it makes anything (:meth:`LinkRecords.live`).
+
+For container links (macvlan, ipvlan, vlan, host-device) the record (``{"attachment", "link",
+...}``) names the link by its container namespace (nsfs inode), ifindex and MAC:
+
+* it is written before the link is made, naming none (``"link": null``), and names the link
+  once it is there (host-device names the device before the move, the kernel keeps its MAC);
+  a failed ADD's undo removes what it made and leaves the record naming none;
+* with a record, DEL removes (moves back) only the recorded link while it still is that link
+  (same namespace, ifindex and MAC), never ``CNI_IFNAME`` by name;
+* a DEL with no record (an attachment made by the reference plugin, a lost state dir, a
+  repeated DEL) takes ``CNI_IFNAME`` in the container, as the reference does, unless any
+  record of any kind names it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+
+from pycni import netns
+
+from .._common import fail, netns_gone
+from . import links
+from .nft import Attachment
+from .state import Records
+
+__all__ = ["KINDS", "VETH_KINDS", "LINK_KINDS", "LinkRecords", "delete_container_link"]
+
+#: The plugins that record a host veth (``"host"``) and those that record a container link
+#: (``"link"``): a record-less DEL of any keeps the links all the others' records name.
+VETH_KINDS = ("bridge", "ptp")
+LINK_KINDS = ("macvlan", "ipvlan", "vlan", "host-device")
+KINDS = VETH_KINDS + LINK_KINDS
+
+
+class LinkRecords(Records):
+    """One plugin's link records (see the module docstring); a bridge plugin's also name the
+    bridge (``"bridge"``), whose port the veth must be, or of none when the bridge is gone."""
+
+    def __init__(self, kind: str) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"{kind!r} is not one of {KINDS}")
+        super().__init__(kind)
+        self.field = "host" if kind in VETH_KINDS else "link"
+
+    def nothing_created(self, att: Attachment, **extra: Any) -> None:
+        """Record that this attachment's ADD made no link: its DEL deletes no interface."""
+        self.store(att.key, {"attachment": attrs.asdict(att), **extra, self.field: None})
+
+    def begin(self, att: Attachment, netns_path: str, ifname: str) -> None:
+        """The start of a container link's ADD: refused while the attachment's recorded link is
+        there (same container ID and ifname, same netns); otherwise from here on a failure
+        leaves a record naming no link, so its DEL (a rollback included) takes none."""
+        if isinstance(self.load(att.key), dict) and self.container_link(att, netns_path, ifname) is not None:
+            raise fail(
+                f"attachment {att.container_id}/{att.ifname} of network {att.network} already exists "
+                f'("{ifname}" in {netns_path}): DEL it first'
+            )
+        self.nothing_created(att)
+
+    def made(self, att: Attachment, ns: int | str, link: links.Link, **extra: Any) -> None:
+        """Record container link ``link`` of namespace ``ns`` (fd or path) as this attachment's."""
+        named = {"netns": _ns_id(ns), "index": link.index, "mac": link.mac}  # ns is open: an id
+        self.store(att.key, {"attachment": attrs.asdict(att), **extra, "link": named})
+
+    def container_link(self, att: Attachment, netns_path: str, ifname: str) -> links.Link | None:
+        """The container link DEL may take: the recorded one while it still is that link, or,
+        with no record, ``ifname`` unless some record names it; None when the namespace is gone."""
+        record = self.load(att.key)
+        try:
+            if isinstance(record, dict):
+                named = record.get("link")
+                ns = _ns_id(netns_path)
+                if not isinstance(named, dict) or ns is None or named.get("netns") != ns:
+                    return None
+                link = netns.run_in(netns_path, _get_index, named.get("index"))
+                return link if link is not None and link.mac == named.get("mac") else None
+            ctr = netns.run_in(netns_path, _get_link, ifname)
+            return ctr if ctr is not None and not _claimed(netns_path, ctr) else None
+        except netns.NetnsError as e:
+            if netns_gone(e):
+                return None
+            raise fail(str(e)) from e
+
+    def live(self, att: Attachment) -> dict[str, Any] | None:
+        """The attachment's veth record while the veth it names is still there."""
+        record = self.load(att.key)
+        return record if host_veth(record) is not None else None
+
+    def delete(self, att: Attachment, netns_path: str, ifname: str) -> None:
+        """DEL's link part: the recorded host veth, or, with no record, ``ifname`` in the
+        container unless another attachment's record names its peer."""
+        record = self.load(att.key)
+        if isinstance(record, dict):
+            try:
+                delete_host_veth(record)
+            except links.LinkError as e:
+                raise fail(f'failed to delete "{record.get("host")}": {e.strerror}') from e
+        elif netns_path:
+            delete_container_link(netns_path, ifname)
+
+    def collect(self, network: str, keep: set[str], dry: bool, removed: list[str], errors: list[str]) -> None:
+        """GC's link part: the veths and records of this network's attachments not in ``keep``
+        (attachment keys); a veth no record names is never touched."""
+        for name in self.names():
+            record = self.load(name)
+            if not isinstance(record, dict) or name in keep:
+                continue
+            att = record.get("attachment") or {}
+            if att.get("network") != network:
+                continue
+            who = f"{att.get('container_id')}/{att.get('ifname')}"
+            host = host_veth(record)
+            if host is not None:
+                on = f" on bridge {record.get('bridge')}" if "bridge" in record else ""
+                removed.append(f"host veth {host} of {who}{on}")
+                if not dry:
+                    try:
+                        links.delete_link(host)
+                    except links.LinkError as e:
+                        errors.append(f"failed to delete {host} of {who}: {e.strerror}")
+                        continue
+            removed.append(f"pycni state record {self.sub}/{name} of {who}")
+            if not dry:
+                self.remove(name)
+
+
+def host_veth(record: Any) -> str | None:
+    """The record's host veth if it is still there: a veth of that name, a port of the recorded
+    bridge or of none (the bridge was deleted; ptp's are of none), nothing else."""
+    host = record.get("host") if isinstance(record, dict) else None
+    if not isinstance(host, str):
+        return None
+    with links.iproute() as ipr:
+        link = links.get_link(ipr, host)
+    if link is None or link.kind != "veth":
+        return None
+    bridge = record.get("bridge")
+    return host if link.master == 0 or (isinstance(bridge, str) and link.master == links.ifindex(bridge)) else None
+
+
+def delete_host_veth(record: Any) -> None:
+    host = host_veth(record)
+    if host is not None:
+        links.delete_link(host)
+
+
+def _ns_id(ns: int | str) -> int | None:
+    """A namespace's identity for a record: its nsfs inode (None: the path is gone)."""
+    try:
+        return os.fstat(ns).st_ino if isinstance(ns, int) else os.stat(ns).st_ino
+    except OSError:
+        return None
+
+
+def _get_link(name: str) -> links.Link | None:
+    with links.iproute() as ipr:
+        return links.get_link(ipr, name)
+
+
+def _get_index(index: Any) -> links.Link | None:
+    if not isinstance(index, int):
+        return None
+    with links.iproute() as ipr:
+        return links.get_link(ipr, index=index)
+
+
+def _records() -> list[dict[str, Any]]:
+    out = []
+    for kind in KINDS:
+        records = Records(kind)
+        for name in records.names():
+            record = records.load(name)
+            if isinstance(record, dict):
+                out.append(record)
+    return out
+
+
+def _recorded_peer(ctr: links.Link) -> bool:
+    """Whether container veth ``ctr`` is the peer of a host veth some bridge or ptp record names."""
+    if ctr.kind != "veth" or not ctr.peer_index:
+        return False
+    with links.iproute() as ipr:
+        host = links.get_link(ipr, index=ctr.peer_index)
+    if host is None or host.kind != "veth" or host.peer_index != ctr.index:
+        return False
+    return any(record.get("host") == host.name for record in _records())
+
+
+def _claimed(netns_path: str, ctr: links.Link) -> bool:
+    """Whether some record names container link ``ctr`` (O(records): only for a DEL that has no
+    record of its own)."""
+    ns = _ns_id(netns_path)
+    for record in _records():
+        named = record.get("link")
+        if isinstance(named, dict) and (named.get("netns"), named.get("index"), named.get("mac")) == (
+            ns,
+            ctr.index,
+            ctr.mac,
+        ):
+            return True
+    return _recorded_peer(ctr)  # its host end is in the calling thread's namespace
+
+
+def delete_container_link(netns_path: str, ifname: str) -> None:
+    """A record-less DEL's link part (see the module docstring); a namespace that is gone has
+    nothing left to delete."""
+    try:
+        ctr = netns.run_in(netns_path, _get_link, ifname)
+        if ctr is not None and not _claimed(netns_path, ctr):
+            netns.run_in(netns_path, links.delete_link, ifname)
+    except netns.NetnsError as e:
+        if not netns_gone(e):
+            raise fail(str(e)) from e
+    except links.LinkError as e:
+        raise fail(f'failed to delete "{ifname}": {e.strerror}') from e
