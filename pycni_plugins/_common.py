@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -12,10 +14,12 @@ from pycni.errors import CNIError, ErrorCode
 from pycni.sdk import GCReport, PluginRequest
 from pycni.types import Result, convert, parse_result
 
+from .kernel import links
 from .kernel.nft import Attachment
 
 __all__ = [
     "fail",
+    "add_with_undo",
     "in_netns",
     "netns_gone",
     "Fields",
@@ -48,6 +52,32 @@ def in_netns(path: str | int, fn: Callable[..., T], *args: Any) -> T:
         return netns.run_in(path, fn, *args)
     except netns.NetnsError as e:
         raise fail(e.strerror or str(e)) from e
+
+
+def add_with_undo(
+    request: PluginRequest, body: Callable[[Any, int, list[Callable[[], Any]]], Result]
+) -> dict[str, Any]:
+    """An interface plugin's ADD: ``body(ipr, netns_fd, undo)`` runs with the container's netns
+    open and one netlink socket; on any failure the steps it registered in ``undo`` run in
+    reverse (each failure suppressed), so a failed ADD leaves only what a DEL would clean."""
+    try:
+        fd = netns.open_netns(request.netns)
+    except netns.NetnsError as e:
+        raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+    undo: list[Callable[[], Any]] = []
+    try:
+        with links.iproute() as ipr:
+            result = body(ipr, fd, undo)
+    except BaseException as e:
+        for step in reversed(undo):
+            with contextlib.suppress(Exception):
+                step()
+        if isinstance(e, links.LinkError):
+            raise fail(str(e)) from e
+        raise
+    finally:
+        os.close(fd)
+    return emit(result, request)
 
 
 def netns_gone(e: BaseException) -> bool:

@@ -63,9 +63,9 @@ from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from ._common import (
     Fields,
+    add_with_undo,
     attachment,
     dry_run,
-    emit,
     fail,
     gc_report,
     in_netns,
@@ -325,24 +325,7 @@ class BridgePlugin(Plugin):
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
         conf = load_config(request)
-        try:
-            fd = netns.open_netns(request.netns)
-        except netns.NetnsError as e:
-            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
-        undo: list[Callable[[], Any]] = []
-        try:
-            with links.iproute() as ipr:
-                result = self._add(request, conf, ipr, fd, undo)
-        except BaseException as e:
-            for step in reversed(undo):
-                with contextlib.suppress(Exception):
-                    step()
-            if isinstance(e, links.LinkError):
-                raise fail(str(e)) from e
-            raise
-        finally:
-            os.close(fd)
-        return emit(result, request)
+        return add_with_undo(request, lambda ipr, fd, undo: self._add(request, conf, ipr, fd, undo))
 
     def _add(
         self, request: PluginRequest, conf: BridgeConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]
