@@ -24,7 +24,7 @@ replace ``IFNAME``). Where pycni differs, on purpose:
 * duplicate keys in ``sysctl`` are not detected: the config reaches the plugin decoded (the
   last one wins); upstream refuses them;
 * the backup is a pycni state record (``tuning/<containerID>_<ifname>`` below
-  ``$PYCNI_STATE_DIR``, or below ``<dataDir>/tuning/`` when ``dataDir`` is set), and a second
+  the request's state dir, or below ``<dataDir>/tuning/`` when ``dataDir`` is set), and a second
   ADD of the same attachment keeps the values the first one saved (upstream overwrites them
   with the already-tuned ones). DEL removes the record also when the namespace or the interface
   is gone (upstream leaves the file behind), and GC removes the records of this network's

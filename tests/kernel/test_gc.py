@@ -255,6 +255,17 @@ def test_a_rebuilt_table_is_claimed_again(host, kit, state_dir):
     assert nft._authoritative(nft._records(state_dir)), "the first commit into the new table claimed it back"
 
 
+def test_only_the_state_dir_that_claimed_the_table_is_authoritative_in_one_process(host, kit, tmp_path):
+    """Two state dirs in one namespace (two runtimes in one process): the answer is remembered
+    per state dir, so the second never borrows the first one's authority."""
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS, state_dir=first)
+    assert nft._authoritative(nft._records(first))
+    nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS, state_dir=second)
+    assert not nft._authoritative(nft._records(second))
+    assert nft._authoritative(nft._records(first))
+
+
 def test_an_element_left_by_a_stale_attachment_is_not_taken_over_until_gc_collects_it(host, kit, state_dir):
     """Same address, same data, stale comment (its owner's DEL never ran): the new owner's ADD
     is refused naming the holder (it could as well be a live attachment), nothing changed; a
