@@ -803,9 +803,9 @@ def _netlink_dump(family: str) -> dict[str, list[nfnl.Rule]] | None:
 
     The answer is shared (callers must not change it): it is kept in the namespace's memo with
     the ruleset generation it was read at, and given again while the generation is unchanged —
-    any committed transaction, whoever made it, changes the generation. It is filed under the
-    generation read *before* the dump, so a transaction that overtakes the dump makes the next
-    call read again.
+    any committed transaction, whoever made it, changes the generation. The tables, chains and
+    rules are three dumps, none of them a snapshot, so they are read again until the generation
+    after them is the one before them: the answer is one state of the ruleset, filed under it.
     """
     memo = _memo()
     try:
@@ -814,15 +814,19 @@ def _netlink_dump(family: str) -> dict[str, list[nfnl.Rule]] | None:
             cached = memo.dumps.get(family)
             if cached is not None and cached[0] == generation:
                 return cached[1]
-            out: dict[str, list[nfnl.Rule]] | None = None
-            if TABLE in reader.tables():
-                out = {name: [] for name in reader.chains(TABLE)}
-                for rule in reader.rules(TABLE):
-                    out.setdefault(rule.chain, []).append(rule)
-            memo.dumps[family] = (generation, out)
-            return out
+            for _ in range(_READ_RETRIES):
+                out: dict[str, list[nfnl.Rule]] | None = None
+                if TABLE in reader.tables():
+                    out = {name: [] for name in reader.chains(TABLE)}
+                    for rule in reader.rules(TABLE):
+                        out.setdefault(rule.chain, []).append(rule)
+                before, generation = generation, reader.generation()
+                if generation == before:
+                    memo.dumps[family] = (generation, out)
+                    return out
     except nfnl.NetlinkError as e:
         raise NftError(f"cannot read table {family} {TABLE}: {e.strerror}") from None
+    raise NftInterrupted(f"cannot read table {family} {TABLE}: the ruleset kept changing")
 
 
 def _jump_target(rule: nfnl.Rule) -> str | None:
