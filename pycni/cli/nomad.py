@@ -72,7 +72,7 @@ def ports(alloc_file: IO[bytes], ignore_host_ip: bool) -> None:
     """Print the portMappings capability (label, hostPort, containerPort, protocol[, hostIP])."""
     from ..nomad.ports import port_mappings
 
-    _echo_json([p.to_json() for p in port_mappings(_alloc(alloc_file), ignore_host_ip)])
+    _echo_json(port_mappings(_alloc(alloc_file), ignore_host_ip).to_json())
 
 
 @nomad.command()

@@ -65,6 +65,7 @@ PUBLIC = {
         "IPConfig040",
         "IPInterface",
         "Interface",
+        "PortMapping",
         "Result",
         "Result020",
         "Result040",
