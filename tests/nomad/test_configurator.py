@@ -14,7 +14,7 @@ import pytest
 
 from pycni import client
 from pycni.errors import CNIError, ErrorCode, PluginError
-from pycni.gocni_result import GoCNIResult, InterfaceConfig, IPConfig
+from pycni.gocni_result import GoCNIIPConfig, GoCNIResult, InterfaceConfig
 from pycni.nomad.cleanup import CleanupReport
 from pycni.nomad.configurator import NetworkConfigurator
 from pycni.nomad.conflist import BridgeConfig, bridge_conflist
@@ -39,7 +39,7 @@ WORKLOAD = {
     "NOMAD_REGION": "global",
 }
 MOCK_RESULT = GoCNIResult(
-    interfaces={"eth0": InterfaceConfig(ip_configs=(IPConfig(ip_address("99.99.99.99")),))}, dns=(DNS(),)
+    interfaces={"eth0": InterfaceConfig(ip_configs=(GoCNIIPConfig(ip_address("99.99.99.99")),))}, dns=(DNS(),)
 )
 
 
