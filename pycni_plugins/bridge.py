@@ -89,6 +89,9 @@ _NFT_OWNERS = ("masq", "spoofchk")
 
 @attrs.frozen
 class BridgeConfig:
+    """The reference's ``NetConf``, as :func:`load_config` decodes and checks it (what Nomad's
+    agent settings, :class:`pycni.nomad.NomadBridgeConfig`, write a ``bridge`` entry for)."""
+
     bridge: str = DEFAULT_BRIDGE
     is_gateway: bool = False
     is_default_gateway: bool = False

@@ -48,9 +48,9 @@ def load_network(conf_dir: str, name: str) -> config.NetworkConfigList:
 
 def embedded_network() -> bytes:
     """Nomad's default bridge conflist (nomad, 172.26.64.0/20, loopback/bridge/firewall/portmap)."""
-    from ..nomad.conflist import BridgeConfig, bridge_conflist
+    from ..nomad.conflist import NomadBridgeConfig, bridge_conflist
 
-    return bridge_conflist(BridgeConfig().with_defaults())
+    return bridge_conflist(NomadBridgeConfig().with_defaults())
 
 
 def _timeout_option(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:

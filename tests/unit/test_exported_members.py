@@ -76,7 +76,7 @@ PUBLIC = {
     "pycni.nomad": {
         "AllocNetworkStatus",
         "Allocation",
-        "BridgeConfig",
+        "NomadBridgeConfig",
         "BridgeNetworkConfigurator",
         "CheckFailedError",
         "CleanupError",
