@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from pycni import netns
 from pycni._json import go_field, go_kind
 from pycni.errors import CNIError, ErrorCode
-from pycni.sdk import GCReport, PluginRequest
+from pycni.sdk import GCReport, PluginRequest, ifname_problem
 from pycni.types import Result, convert, parse_result
 
 from .kernel import links
@@ -27,6 +27,7 @@ __all__ = [
     "prev_result",
     "emit",
     "attachment",
+    "is_link_name",
     "left_behind",
     "DRY_RUN_KEY",
     "dry_run",
@@ -144,6 +145,12 @@ def prev_result(request: PluginRequest) -> Result | None:
 def emit(result: Result, request: PluginRequest) -> dict[str, Any]:
     """The result as the JSON object to print at the config's ``cniVersion``."""
     return convert(result, request.cni_version).to_json()
+
+
+def is_link_name(name: str) -> bool:
+    """Whether a link name a config chooses (a bridge, a VRF) may be used: an interface name
+    (:func:`pycni.sdk.ifname_problem`) without ``"`` or ``\\`` as well."""
+    return ifname_problem(name) is None and '"' not in name and "\\" not in name
 
 
 def attachment(request: PluginRequest) -> Attachment:

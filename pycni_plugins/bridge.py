@@ -70,6 +70,7 @@ from ._common import (
     gc_report,
     in_netns,
     ipam_result,
+    is_link_name,
     prev_result,
     valid_attachments,
 )
@@ -79,7 +80,6 @@ __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 
 DEFAULT_BRIDGE = "cni0"
 VETH_RETRIES = 10
-_IFNAME_BAD = re.compile(r'[/:\s"\\]')
 _MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 _NO_PREV = "Required prevResult missing"
 #: Per attachment: ``{"attachment", "bridge", "bridge_mac", "host"}`` (see the module docstring).
@@ -141,7 +141,7 @@ def load_config(request: PluginRequest) -> BridgeConfig:
     """The bridge config, validated with the reference's errors."""
     f = Fields(request.config, "failed to load netconf")
     bridge = f.string("bridge") or DEFAULT_BRIDGE
-    if len(bridge) > 15 or bridge in (".", "..") or _IFNAME_BAD.search(bridge):
+    if not is_link_name(bridge):
         raise f.error(f'invalid bridge name "{bridge}"')
     vlan = f.integer("vlan")
     if not 0 <= vlan <= 4094:

@@ -17,7 +17,13 @@ from .args import load_args, parse_cni_args
 from .invoke import find_plugin
 from .plugin import COMMANDS, GCReport, Plugin, builtin_plugin, builtin_plugins, delegate, environ, environment
 from .request import PluginRequest
-from .validate import validate_attachment_key, validate_container_id, validate_ifname, validate_network_name
+from .validate import (
+    ifname_problem,
+    validate_attachment_key,
+    validate_container_id,
+    validate_ifname,
+    validate_network_name,
+)
 
 __all__ = [
     "COMMANDS",
@@ -30,6 +36,7 @@ __all__ = [
     "environ",
     "environment",
     "find_plugin",
+    "ifname_problem",
     "load_args",
     "parse_cni_args",
     "validate_attachment_key",
