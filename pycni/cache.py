@@ -65,7 +65,8 @@ _CACHED_INFO = _json.GoFields(
 
 @attrs.frozen
 class CachedAttachment:
-    """One cache entry: the attachment's parameters, the config it was added with and its result."""
+    """One cache entry (libcni's ``NetworkAttachment``): an attachment (the three fields of
+    :class:`pycni.sdk.Attachment`), its ADD's parameters, the config and the result."""
 
     container_id: str
     network: str

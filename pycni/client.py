@@ -22,8 +22,8 @@ from . import config as _config
 from .cache import DEFAULT_CACHE_DIR
 from .errors import CNIError, ConfigError
 from .gocni_result import GoCNIResult
-from .request import RuntimeConf
 from .runtime import DEFAULT_PLUGIN_PATH, Runtime
+from .runtime_conf import RuntimeConf
 from .types import PortMapping  # go-cni's cni.PortMapping: the one capability entry
 
 __all__ = [

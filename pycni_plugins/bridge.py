@@ -58,7 +58,7 @@ from pycni import netns
 from pycni._json import go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
-from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate, find_plugin
+from pycni.sdk import Attachment, GCReport, Plugin, PluginRequest, builtin_plugin, delegate, find_plugin
 from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from ._common import (
@@ -415,7 +415,7 @@ class BridgePlugin(Plugin):
         fd: int,
         br: links.Link,
         container_mac: str,
-        att: nft.Attachment,
+        att: Attachment,
     ) -> tuple[str, str]:
         host_mac = links.random_mac()
         for attempt in range(VETH_RETRIES):
@@ -545,7 +545,7 @@ class BridgePlugin(Plugin):
         removed: list[str] = []
         errors: list[str] = []
         network = request.network_name
-        keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid}
+        keep = {Attachment(network, cid, ifname).key for cid, ifname in valid}
         _LINKS.collect(network, keep, dry, removed, errors)
         try:
             skeleton = _masq_skeleton if conf.ip_masq else None

@@ -37,7 +37,7 @@ from typing import Any
 from pycni._json import go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
-from pycni.sdk import GCReport, Plugin, PluginRequest
+from pycni.sdk import Attachment, GCReport, Plugin, PluginRequest
 from pycni.types import PortMapping, Result
 
 from ._common import (
@@ -193,7 +193,7 @@ def _wildcard(e: nft.Element) -> nft.Element:
     return nft.Element(e.set.removeprefix("hostip_"), proto_port, e.data, e.family)
 
 
-def _shadowed(att: nft.Attachment, wildcard: list[nft.Element]) -> nft.ElementConflict | None:
+def _shadowed(att: Attachment, wildcard: list[nft.Element]) -> nft.ElementConflict | None:
     """A host-IP-specific host port of another attachment that one of ``wildcard`` (every
     address) would shadow. Lists only the host-IP maps, which stay small."""
     prefix = att.key + " "

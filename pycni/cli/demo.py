@@ -99,8 +99,8 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     """Run the embedded default network over two throwaway containers and prove it works."""
     from .. import _json, netns, probes
     from ..config import conflist_from_bytes
-    from ..request import RuntimeConf
     from ..runtime import Runtime
+    from ..runtime_conf import RuntimeConf
     from ..sdk import builtin_plugin
     from ..types import convert
     from .runtime_commands import embedded_network

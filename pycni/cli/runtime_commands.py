@@ -21,8 +21,9 @@ from ..sdk import parse_cni_args
 from ._base import backend_option, cache_dir_option, plugin_path_option
 
 if TYPE_CHECKING:  # imported where used: the CLI loads the runtime lazily
-    from ..request import Attachment, RuntimeConf
     from ..runtime import Runtime
+    from ..runtime_conf import RuntimeConf
+    from ..sdk import GCAttachment
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -74,7 +75,7 @@ def _runtime(opts: dict[str, Any]) -> Runtime:
 
 
 def _rt(opts: dict[str, Any], netns: str) -> RuntimeConf:
-    from ..request import RuntimeConf
+    from ..runtime_conf import RuntimeConf
 
     netns_path = os.path.abspath(netns) if netns else ""
     try:
@@ -168,13 +169,13 @@ def delete(network: str, netns: str, best_effort: bool, **opts: Any) -> None:
     _runtime(opts).delete_network_list(net, _rt(opts, netns), best_effort=best_effort)
 
 
-def _attachment(value: str) -> Attachment:
-    from ..request import Attachment
+def _attachment(value: str) -> GCAttachment:
+    from ..sdk import GCAttachment
 
     cid, sep, ifname = value.rpartition(":")
     if not sep or not cid or not ifname:
         raise click.BadParameter(f"{value!r} is not CONTAINER_ID:IFNAME")
-    return Attachment(cid, ifname)
+    return GCAttachment(cid, ifname)
 
 
 @click.command()

@@ -14,6 +14,7 @@ delegation), :mod:`.args` (``CNI_ARGS``), :mod:`.validate` (names, IDs, ifnames)
 from __future__ import annotations
 
 from .args import load_args, parse_cni_args
+from .attachment import Attachment, GCAttachment
 from .invoke import find_plugin
 from .plugin import COMMANDS, GCReport, Plugin, builtin_plugin, builtin_plugins, delegate, environ, environment
 from .request import PluginRequest
@@ -26,7 +27,9 @@ from .validate import (
 )
 
 __all__ = [
+    "Attachment",
     "COMMANDS",
+    "GCAttachment",
     "GCReport",
     "Plugin",
     "PluginRequest",

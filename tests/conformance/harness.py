@@ -30,8 +30,8 @@ import attrs
 from pycni import netns, probes
 from pycni.config import NetworkConfigList, conflist_from_bytes
 from pycni.nomad.conflist import BridgeConfig, bridge_conflist
-from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
 from pycni.types import AnyResult
 from tests.conftest import REFERENCE_PLUGIN_DIR
 

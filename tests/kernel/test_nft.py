@@ -11,12 +11,13 @@ import stat
 import pytest
 
 from pycni import netns
+from pycni.sdk import Attachment
 from pycni_plugins.kernel import layout, nft
 
 pytestmark = pytest.mark.privileged
 
 A4 = ipaddress.ip_interface("10.88.0.5/16")
-ATT = nft.Attachment("net1", "c1", "eth0")
+ATT = Attachment("net1", "c1", "eth0")
 SECTIONS = (layout.PORTMAP, layout.hairpin_subnet(A4.network))
 
 
@@ -88,7 +89,7 @@ def test_apply_release_and_record(host, kit, state_dir):
 def test_conflict_changes_nothing(host, kit):
     nft.apply("portmap", ATT, _elements(), SECTIONS)
     before = kit.nft_ruleset()
-    other = nft.Attachment("net1", "c2", "eth0")
+    other = Attachment("net1", "c2", "eth0")
     with pytest.raises(nft.ElementConflict):
         b = ipaddress.ip_interface("10.88.0.6/16")
         nft.apply("portmap", other, [*_elements(9090, b), layout.hostport_element("tcp", 8080, b.ip, 80, None)])

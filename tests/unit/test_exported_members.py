@@ -29,6 +29,8 @@ PUBLIC = {
         "__version__",
     },
     "pycni.sdk": {
+        "Attachment",
+        "GCAttachment",
         "COMMANDS",
         "GCReport",
         "Plugin",
