@@ -17,7 +17,7 @@ from .args import load_args, parse_cni_args
 from .attachment import Attachment, GCAttachment
 from .invoke import find_plugin
 from .plugin import COMMANDS, GCReport, Plugin, builtin_plugin, builtin_plugins, delegate, environ, environment
-from .request import PluginRequest
+from .request import DEFAULT_STATE_DIR, STATE_DIR_ENV, PluginRequest, default_state_dir
 from .validate import (
     ifname_problem,
     validate_attachment_key,
@@ -29,12 +29,15 @@ from .validate import (
 __all__ = [
     "Attachment",
     "COMMANDS",
+    "DEFAULT_STATE_DIR",
     "GCAttachment",
+    "STATE_DIR_ENV",
     "GCReport",
     "Plugin",
     "PluginRequest",
     "builtin_plugin",
     "builtin_plugins",
+    "default_state_dir",
     "delegate",
     "environ",
     "environment",
