@@ -58,7 +58,7 @@ from pycni import netns
 from pycni._json import go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
-from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate, find_plugin
+from pycni.sdk import Attachment, GCReport, Plugin, PluginRequest, builtin_plugin, delegate, find_plugin
 from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from ._common import (
@@ -70,6 +70,7 @@ from ._common import (
     gc_report,
     in_netns,
     ipam_result,
+    is_link_name,
     prev_result,
     valid_attachments,
 )
@@ -79,7 +80,6 @@ __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 
 DEFAULT_BRIDGE = "cni0"
 VETH_RETRIES = 10
-_IFNAME_BAD = re.compile(r'[/:\s"\\]')
 _MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 _NO_PREV = "Required prevResult missing"
 #: Per attachment: ``{"attachment", "bridge", "bridge_mac", "host"}`` (see the module docstring).
@@ -88,6 +88,9 @@ _NFT_OWNERS = ("masq", "spoofchk")
 
 @attrs.frozen
 class BridgeConfig:
+    """The reference's ``NetConf``, as :func:`load_config` decodes and checks it (what Nomad's
+    agent settings, :class:`pycni.nomad.NomadBridgeConfig`, write a ``bridge`` entry for)."""
+
     bridge: str = DEFAULT_BRIDGE
     is_gateway: bool = False
     is_default_gateway: bool = False
@@ -137,7 +140,7 @@ def load_config(request: PluginRequest) -> BridgeConfig:
     """The bridge config, validated with the reference's errors."""
     f = Fields(request.config, "failed to load netconf")
     bridge = f.string("bridge") or DEFAULT_BRIDGE
-    if len(bridge) > 15 or bridge in (".", "..") or _IFNAME_BAD.search(bridge):
+    if not is_link_name(bridge):
         raise f.error(f'invalid bridge name "{bridge}"')
     vlan = f.integer("vlan")
     if not 0 <= vlan <= 4094:
@@ -418,7 +421,7 @@ class BridgePlugin(Plugin):
         fd: int,
         br: links.Link,
         container_mac: str,
-        att: nft.Attachment,
+        att: Attachment,
     ) -> tuple[str, str]:
         host_mac = links.random_mac()
         for attempt in range(VETH_RETRIES):
@@ -551,7 +554,7 @@ class BridgePlugin(Plugin):
         removed: list[str] = []
         errors: list[str] = []
         network = request.network_name
-        keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid}
+        keep = {Attachment(network, cid, ifname).key for cid, ifname in valid}
         _links(request).collect(network, keep, dry, removed, errors)
         try:
             skeleton = _masq_skeleton if conf.ip_masq else None

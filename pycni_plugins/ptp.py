@@ -47,7 +47,7 @@ import attrs
 
 from pycni import netns
 from pycni.errors import CNIError
-from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate
+from pycni.sdk import Attachment, GCReport, Plugin, PluginRequest, builtin_plugin, delegate
 from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from ._common import (
@@ -264,7 +264,7 @@ class PtpPlugin(Plugin):
         return Result("1.1.0", interfaces, ips, ipam.routes, dns)
 
     def _add_veth(
-        self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, container_mac: str, att: nft.Attachment
+        self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, container_mac: str, att: Attachment
     ) -> tuple[str, str]:
         host_mac = links.random_mac()
         for _ in range(VETH_RETRIES):
@@ -331,7 +331,7 @@ class PtpPlugin(Plugin):
         valid = valid_attachments(request)
         dry = dry_run(request)
         network = request.network_name
-        keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid}
+        keep = {Attachment(network, cid, ifname).key for cid, ifname in valid}
         removed: list[str] = []
         errors: list[str] = []
         _links(request).collect(network, keep, dry, removed, errors)

@@ -14,14 +14,23 @@ delegation), :mod:`.args` (``CNI_ARGS``), :mod:`.validate` (names, IDs, ifnames)
 from __future__ import annotations
 
 from .args import load_args, parse_cni_args
+from .attachment import Attachment, GCAttachment
 from .invoke import find_plugin
 from .plugin import COMMANDS, GCReport, Plugin, builtin_plugin, builtin_plugins, delegate, environ, environment
 from .request import DEFAULT_STATE_DIR, STATE_DIR_ENV, PluginRequest, default_state_dir
-from .validate import validate_attachment_key, validate_container_id, validate_ifname, validate_network_name
+from .validate import (
+    ifname_problem,
+    validate_attachment_key,
+    validate_container_id,
+    validate_ifname,
+    validate_network_name,
+)
 
 __all__ = [
+    "Attachment",
     "COMMANDS",
     "DEFAULT_STATE_DIR",
+    "GCAttachment",
     "STATE_DIR_ENV",
     "GCReport",
     "Plugin",
@@ -33,6 +42,7 @@ __all__ = [
     "environ",
     "environment",
     "find_plugin",
+    "ifname_problem",
     "load_args",
     "parse_cni_args",
     "validate_attachment_key",

@@ -29,6 +29,8 @@ PUBLIC = {
         "__version__",
     },
     "pycni.sdk": {
+        "Attachment",
+        "GCAttachment",
         "COMMANDS",
         "DEFAULT_STATE_DIR",
         "STATE_DIR_ENV",
@@ -42,6 +44,7 @@ PUBLIC = {
         "environ",
         "environment",
         "find_plugin",
+        "ifname_problem",
         "load_args",
         "parse_cni_args",
         "validate_attachment_key",
@@ -68,6 +71,7 @@ PUBLIC = {
         "IPConfig040",
         "IPInterface",
         "Interface",
+        "PortMapping",
         "Result",
         "Result020",
         "Result040",
@@ -78,7 +82,7 @@ PUBLIC = {
     "pycni.nomad": {
         "AllocNetworkStatus",
         "Allocation",
-        "BridgeConfig",
+        "NomadBridgeConfig",
         "BridgeNetworkConfigurator",
         "CheckFailedError",
         "CleanupError",
