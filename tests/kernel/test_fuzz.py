@@ -149,3 +149,23 @@ def test_usage_errors_are_one_line(workdir):
         text=True,
     )
     assert proc.returncode == 2 and "NOPE: choose from ADD,CHECK,DEL" in proc.stderr
+
+
+@pytest.mark.parametrize("plugin_type", ["macvlan", "ipvlan", "vlan", "host-device"])
+def test_link_plugin_configs_name_the_link_each_fuzz_host_has(plugin_type):
+    """macvlan, ipvlan and vlan get a master and host-device a device that exist in the
+    example's host namespace (without it every "valid" ADD failed before doing anything)."""
+    from hypothesis import given, settings
+
+    from pycni import fuzz, strategies
+    from tests.helpers.kernel import links
+
+    @settings(max_examples=10, deadline=None, database=None)
+    @given(strategies.network_configs(plugin_type))
+    def named(conf):
+        assert conf.get("master", conf.get("device")) == strategies.HOST_LINK
+
+    named()
+    with fuzz._world(0) as world:
+        assert links(world.host)[strategies.HOST_LINK]["up"]
+        assert set(links(world.container)) == {"lo"}
