@@ -586,11 +586,15 @@ def _addresses(result: AnyResult) -> list[tuple[Any, Any]]:
 
 def _host_link() -> None:
     """(In the host namespace.) The link the configs of macvlan, ipvlan and vlan name as master
-    and host-device's as its device (:data:`pycni.strategies.HOST_LINK`): a veth end, up."""
+    and host-device's as its device (:data:`pycni.strategies.HOST_LINK`): a veth end with its
+    peer up too, so it has carrier (without, IPv6 DAD never starts on what is made of it, and
+    an ADD with an IPv6 gateway waits out its DAD timeout)."""
     from pyroute2 import IPRoute
 
+    peer = f"{strategies.HOST_LINK}p"
     with IPRoute() as ipr:
-        ipr.link("add", ifname=strategies.HOST_LINK, kind="veth", peer=f"{strategies.HOST_LINK}p", state="up")
+        ipr.link("add", ifname=strategies.HOST_LINK, kind="veth", peer=peer, state="up")
+        ipr.link("set", index=ipr.link_lookup(ifname=peer)[0], state="up")
 
 
 def _materialize(container: str, result: AnyResult, ifname: str) -> None:

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,5 +168,10 @@ def test_link_plugin_configs_name_the_link_each_fuzz_host_has(plugin_type):
 
     named()
     with fuzz._world(0) as world:
-        assert links(world.host)[strategies.HOST_LINK]["up"]
+        # operstate UP (the kernel reports it a moment after the carrier): its peer is up, so
+        # IPv6 DAD runs on what is made of it
+        deadline = time.monotonic() + 5
+        while links(world.host)[strategies.HOST_LINK]["state"] != "UP":
+            assert time.monotonic() < deadline, links(world.host)[strategies.HOST_LINK]
+            time.sleep(0.05)
         assert set(links(world.container)) == {"lo"}
