@@ -505,13 +505,11 @@ def _options(
         )
     if plugin_type == "host-device":
         return st.fixed_dictionaries({"device": st.just(host_link)}, optional={"ipam": ipam})
+    table = st.integers(100, 10000).filter(lambda t: t not in (253, 254, 255))  # the kernel's own
     if plugin_type == "sbr":
-        return st.fixed_dictionaries({}, optional={"table": st.integers(100, 10000)})
+        return st.fixed_dictionaries({}, optional={"table": table})
     if plugin_type == "vrf":
-        return st.fixed_dictionaries(
-            {"vrfname": link_names.map(lambda n: f"vrf{n}")},
-            optional={"table": st.integers(100, 10000)},
-        )
+        return st.fixed_dictionaries({"vrfname": link_names.map(lambda n: f"vrf{n}")}, optional={"table": table})
     if plugin_type == "bridge":
         return st.fixed_dictionaries(
             {"bridge": link_names.map(lambda n: f"cni{n}"), "ipam": ipam},
