@@ -31,6 +31,7 @@ from ._common import (
     Fields,
     attachment,
     dry_run,
+    emit,
     fail,
     finish_gc,
     in_netns,
@@ -206,12 +207,16 @@ def configure(
             ips = tuple(IPConfig(ip.address, ip.gateway, 0) for ip in source.ips)
             result = attrs.evolve(result, ips=ips, routes=source.routes)
             netns.run_in(fd, _configure, request.ifname, result, notify)
+        result = attrs.evolve(result, dns=dns) if dns is not None else result
+        # A result the config's version cannot hold (0.1.0/0.2.0 without addresses) fails the
+        # ADD here, so that the caller's undo runs, not after the link is handed over.
+        emit(result, request)
     except BaseException:
         if release:
             with contextlib.suppress(Exception):
                 delegate(request, ipam_type, "DEL")
         raise
-    return attrs.evolve(result, dns=dns) if dns is not None else result
+    return result
 
 
 def _delete_index(index: int, mac: str) -> None:
