@@ -68,7 +68,6 @@ __all__ = ["PtpConfig", "PtpPlugin", "load_config"]
 
 VETH_RETRIES = 10
 #: Per attachment: ``{"attachment", "host"}`` (the host veth's name; see :mod:`.kernel.owned`).
-_LINKS = owned.LinkRecords("ptp")
 
 
 @attrs.frozen
@@ -182,6 +181,10 @@ def _check_container(iface: Interface, ifname: str, prev: Result) -> None:
 # --- the plugin -------------------------------------------------------------------------------
 
 
+def _links(request: PluginRequest) -> owned.LinkRecords:
+    return owned.LinkRecords("ptp", request.state_dir)
+
+
 class PtpPlugin(Plugin):
     type = "ptp"
 
@@ -197,7 +200,8 @@ class PtpPlugin(Plugin):
 
     def _add(self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]) -> Result:
         att = attachment(request)
-        previous = _LINKS.live(att)
+        store = _links(request)
+        previous = store.live(att)
         if previous is not None:
             # Another ADD of this attachment is alive (its veth is there): anything done here
             # would take its record, elements and lease over, and undoing it would free them.
@@ -206,7 +210,7 @@ class PtpPlugin(Plugin):
                 f'(host veth "{previous["host"]}"): DEL it first'
             )
         # From here on a failure leaves a record naming no veth: its DEL deletes no interface.
-        undo.append(lambda: _LINKS.nothing_created(att))
+        undo.append(lambda: store.nothing_created(att))
         raw = delegate(request, conf.ipam_type, "ADD")
         # Only now: a refused IPAM ADD leased nothing, and its DEL would free another ADD's lease.
         undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
@@ -244,9 +248,15 @@ class PtpPlugin(Plugin):
                 if e.errno != errno.EEXIST:
                     raise fail(f"failed to add route on host: {e.strerror}") from e
         if conf.ip_masq:
-            undo.append(lambda: nft.release("masq", att))
+            undo.append(lambda: nft.release("masq", att, state_dir=request.state_dir))
             try:
-                nft.apply("masq", att, [layout.masq_element(ip.address) for ip in ips], _masq_sections(ips))
+                nft.apply(
+                    "masq",
+                    att,
+                    [layout.masq_element(ip.address) for ip in ips],
+                    _masq_sections(ips),
+                    state_dir=request.state_dir,
+                )
             except nft.NftError as e:
                 raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
         interfaces = [Interface(host_name, host_mac), Interface(request.ifname, container_mac, sandbox=request.netns)]
@@ -260,7 +270,7 @@ class PtpPlugin(Plugin):
         for _ in range(VETH_RETRIES):
             host_name = links.random_veth_name()
             # Recorded before it exists: a crash right after leaves no veth nobody can map.
-            _LINKS.store(att.key, {"attachment": attrs.asdict(att), "host": host_name})
+            _links(request).store(att.key, {"attachment": attrs.asdict(att), "host": host_name})
             try:
                 links.add_veth(
                     ipr,
@@ -287,11 +297,12 @@ class PtpPlugin(Plugin):
         att = attachment(request)
         # Only what the attachment's record says it made (see kernel.owned): a failed ADD's
         # record names no veth, and an eth0 it did not make is kept.
-        _LINKS.delete(att, request.netns, request.ifname)
-        nft.release("masq", att)
+        store = _links(request)
+        store.delete(att, request.netns, request.ifname)
+        nft.release("masq", att, state_dir=request.state_dir)
         if conf.ipam_type:
             delegate(request, conf.ipam_type, "DEL")
-        _LINKS.remove(att.key)
+        store.remove(att.key)
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request)
@@ -323,9 +334,9 @@ class PtpPlugin(Plugin):
         keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid}
         removed: list[str] = []
         errors: list[str] = []
-        _LINKS.collect(network, keep, dry, removed, errors)
+        _links(request).collect(network, keep, dry, removed, errors)
         try:
-            removed += nft.collect(network, valid, ("masq",), dry_run=dry)
+            removed += nft.collect(network, valid, ("masq",), state_dir=request.state_dir, dry_run=dry)
         except nft.NftError as e:
             errors.append(f"failed to collect nftables elements: {e.msg}")
         return finish_gc(request, conf.ipam_type, removed, errors)

@@ -16,16 +16,19 @@ from __future__ import annotations
 from .args import load_args, parse_cni_args
 from .invoke import find_plugin
 from .plugin import COMMANDS, GCReport, Plugin, builtin_plugin, builtin_plugins, delegate, environ, environment
-from .request import PluginRequest
+from .request import DEFAULT_STATE_DIR, STATE_DIR_ENV, PluginRequest, default_state_dir
 from .validate import validate_attachment_key, validate_container_id, validate_ifname, validate_network_name
 
 __all__ = [
     "COMMANDS",
+    "DEFAULT_STATE_DIR",
+    "STATE_DIR_ENV",
     "GCReport",
     "Plugin",
     "PluginRequest",
     "builtin_plugin",
     "builtin_plugins",
+    "default_state_dir",
     "delegate",
     "environ",
     "environment",
