@@ -67,7 +67,7 @@ __all__ = [
 
 COMMANDS = ("ADD", "CHECK", "DEL")
 #: Types that act on a prevResult instead of making an interface.
-CHAINED_TYPES = frozenset({"portmap", "firewall", "tuning", "bandwidth", "sbr", "consul-cni"})
+CHAINED_TYPES = frozenset({"portmap", "firewall", "tuning", "bandwidth", "sbr", "vrf", "consul-cni"})
 #: Capabilities a type declares, and so gets runtimeConfig for.
 CAPABILITIES = {"portmap": ("portMappings",), "bandwidth": ("bandwidth",)}
 #: More output than this from one call is a violation (a plugin's result is a few KiB).
@@ -344,6 +344,7 @@ def _world(index: int) -> Iterator[_World]:
     with contextlib.ExitStack() as stack:
         host = stack.enter_context(netns.Throwaway(prefix))
         container = stack.enter_context(netns.Throwaway(prefix))
+        netns.run_in(host.path, _host_link)
         data_dir = tempfile.mkdtemp(prefix=f"{prefix}-")
         stack.callback(shutil.rmtree, data_dir, True)
         v4 = list(V4_POOL.subnets(new_prefix=24))[index % 512]
@@ -581,6 +582,19 @@ def _addresses(result: AnyResult) -> list[tuple[Any, Any]]:
     if isinstance(result, Result020):
         return [(c.ip, c.gateway) for c in (result.ip4, result.ip6) if c is not None]
     return [(ip.address, ip.gateway) for ip in result.ips]
+
+
+def _host_link() -> None:
+    """(In the host namespace.) The link the configs of macvlan, ipvlan and vlan name as master
+    and host-device's as its device (:data:`pycni.strategies.HOST_LINK`): a veth end with its
+    peer up too, so it has carrier (without, IPv6 DAD never starts on what is made of it, and
+    an ADD with an IPv6 gateway waits out its DAD timeout)."""
+    from pyroute2 import IPRoute
+
+    peer = f"{strategies.HOST_LINK}p"
+    with IPRoute() as ipr:
+        ipr.link("add", ifname=strategies.HOST_LINK, kind="veth", peer=peer, state="up")
+        ipr.link("set", index=ipr.link_lookup(ifname=peer)[0], state="up")
 
 
 def _materialize(container: str, result: AnyResult, ifname: str) -> None:

@@ -60,6 +60,7 @@ __all__ = [
     "replaced",
     # configs
     "PLUGIN_TYPES",
+    "HOST_LINK",
     "TEST_SUBNETS",
     "subnets",
     "network_configs",
@@ -383,7 +384,17 @@ PLUGIN_TYPES: tuple[str, ...] = (
     "firewall",
     "tuning",
     "bandwidth",
+    "static",
+    "macvlan",
+    "ipvlan",
+    "vlan",
+    "host-device",
+    "sbr",
+    "vrf",
 )
+#: The host link the configs of macvlan, ipvlan and vlan name as master and host-device's as
+#: its device, unless ``host_link`` says otherwise (``pycni fuzz`` makes it in each host).
+HOST_LINK = "fuzzl0"
 TEST_SUBNETS: tuple[IPv4Network | IPv6Network, ...] = (IPv4Network("198.18.0.0/15"), IPv6Network("fd00:18::/48"))
 
 names = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,20}", fullmatch=True)
@@ -448,10 +459,57 @@ def _host_local(within: Sequence[IPv4Network | IPv6Network], data_dir: str | Non
     )
 
 
-def _options(plugin_type: str, within: Sequence[Any], data_dir: str | None) -> st.SearchStrategy[dict[str, Any]]:
+def _static(within: Sequence[IPv4Network | IPv6Network]) -> st.SearchStrategy[dict[str, Any]]:
+    """static IPAM: a host address (with its subnet's first as gateway, or none) per family."""
+
+    def entry(net: IPv4Network | IPv6Network) -> st.SearchStrategy[dict[str, Any]]:
+        return st.builds(
+            lambda host, gw: {
+                "address": f"{net[host]}/{net.prefixlen}",
+                **({"gateway": str(net[1])} if gw else {}),
+            },
+            st.integers(2, 200),
+            st.booleans(),
+        )
+
+    return _family_nets(within).flatmap(
+        lambda nets: st.fixed_dictionaries(
+            {"type": st.just("static"), "addresses": st.tuples(*(entry(n) for n in nets)).map(list)},
+            optional={"routes": st.just([{"dst": "0.0.0.0/0" if n.version == 4 else "::/0"} for n in nets])},
+        )
+    )
+
+
+def _options(
+    plugin_type: str, within: Sequence[Any], data_dir: str | None, host_link: str = HOST_LINK
+) -> st.SearchStrategy[dict[str, Any]]:
     """The type's own members, valid for it."""
     ipam = _host_local(within, data_dir)
     mtu = st.sampled_from([1280, 1400, 1500, 9000])
+    small_mtu = st.sampled_from([1280, 1400, 1500])  # at most the master's
+    if plugin_type == "static":
+        return _static(within).map(lambda i: {"ipam": i})
+    if plugin_type == "macvlan":
+        return st.fixed_dictionaries(
+            {"master": st.just(host_link), "ipam": ipam},
+            optional={"mode": st.sampled_from(["bridge", "private", "vepa"]), "mtu": small_mtu},
+        )
+    if plugin_type == "ipvlan":
+        return st.fixed_dictionaries(
+            {"master": st.just(host_link), "ipam": ipam},
+            optional={"mode": st.sampled_from(["l2", "l3", "l3s"]), "mtu": small_mtu},
+        )
+    if plugin_type == "vlan":
+        return st.fixed_dictionaries(
+            {"master": st.just(host_link), "vlanId": st.integers(1, 4094), "ipam": ipam}, optional={"mtu": small_mtu}
+        )
+    if plugin_type == "host-device":
+        return st.fixed_dictionaries({"device": st.just(host_link)}, optional={"ipam": ipam})
+    table = st.integers(100, 10000).filter(lambda t: t not in (253, 254, 255))  # the kernel's own
+    if plugin_type == "sbr":
+        return st.fixed_dictionaries({}, optional={"table": table})
+    if plugin_type == "vrf":
+        return st.fixed_dictionaries({"vrfname": link_names.map(lambda n: f"vrf{n}")}, optional={"table": table})
     if plugin_type == "bridge":
         return st.fixed_dictionaries(
             {"bridge": link_names.map(lambda n: f"cni{n}"), "ipam": ipam},
@@ -500,11 +558,13 @@ def network_configs(
     within: Sequence[IPv4Network | IPv6Network] = TEST_SUBNETS,
     data_dir: str | None = None,
     prev_result: bool = False,
+    host_link: str = HOST_LINK,
 ) -> st.SearchStrategy[dict[str, Any]]:
     """Network configs (decoded JSON, a single ``.conf``) for ``plugin_type`` (any of
     :data:`PLUGIN_TYPES` when ``None``), valid for that type, at ``version`` (any of
     :data:`VERSIONS` that the type's result can be expressed in when ``None``). ``prev_result``
-    adds a plausible ``prevResult`` (see :func:`attachment_results`) of the same version."""
+    adds a plausible ``prevResult`` (see :func:`attachment_results`) of the same version;
+    ``host_link`` is the master of macvlan, ipvlan and vlan and host-device's device."""
     types = st.sampled_from(PLUGIN_TYPES) if plugin_type is None else st.just(plugin_type)
     versions = st.sampled_from(VERSIONS) if version is None else st.just(version)
 
@@ -512,7 +572,7 @@ def network_configs(
     def build(draw: st.DrawFn) -> dict[str, Any]:
         t, v = draw(types), draw(versions)
         conf: dict[str, Any] = {"cniVersion": v, "name": name or draw(names), "type": t}
-        conf |= draw(_options(t, within, data_dir))
+        conf |= draw(_options(t, within, data_dir, host_link))
         if prev_result:
             conf["prevResult"] = draw(attachment_results(v, within=within)).to_json()
         return conf

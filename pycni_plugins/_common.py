@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from pycni import netns
 from pycni._json import go_field, go_kind
 from pycni.errors import CNIError, ErrorCode
-from pycni.sdk import Attachment, GCAttachment, GCReport, PluginRequest, ifname_problem
+from pycni.sdk import Attachment, GCAttachment, GCReport, PluginRequest, delegate, ifname_problem
 from pycni.types import Result, convert, parse_result
 
 from .kernel import links
@@ -32,6 +32,7 @@ __all__ = [
     "dry_run",
     "valid_attachments",
     "gc_report",
+    "finish_gc",
     "nftables_status",
 ]
 
@@ -190,6 +191,19 @@ def valid_attachments(request: PluginRequest) -> set[tuple[str, str]]:
 def gc_report(removed: list[str]) -> GCReport:
     """What a built-in plugin's ``gc`` returns (pycni extension; an exec'd plugin prints nothing)."""
     return GCReport(tuple(removed))
+
+
+def finish_gc(request: PluginRequest, ipam_type: str, removed: list[str], errors: list[str]) -> GCReport:
+    """The end of an interface plugin's GC: the IPAM plugin's GC (its report added), then one
+    error naming every failure (and what was removed anyway), or the report."""
+    if ipam_type:
+        try:
+            removed = removed + list(GCReport.from_json(delegate(request, ipam_type, "GC")).removed)
+        except CNIError as e:
+            errors = [*errors, f"IPAM GC failed: {e.msg}"]
+    if errors:
+        raise fail("; ".join(errors), "removed: " + ", ".join(removed) if removed else "")
+    return gc_report(removed)
 
 
 def nftables_status() -> None:

@@ -6,7 +6,9 @@ deleted again if anything later fails; addresses come from the IPAM plugin (all 
 0) and are applied as the reference's ``ConfigureIface`` does. DEL runs the IPAM plugin's DEL,
 then deletes the link its attachment's record names (:mod:`.kernel.owned`: never another
 attachment's ``CNI_IFNAME``; without a record, ``CNI_IFNAME`` as the reference does); a
-namespace that is gone means nothing is left to delete.
+namespace that is gone means nothing is left to delete. GC (spec 1.1; v1.9.1 has none) does
+the same for every attachment of the network not in ``cni.dev/valid-attachments`` (its
+recorded link, if its namespace still holds it, and its record), then runs the IPAM plugin's GC.
 """
 
 from __future__ import annotations
@@ -22,10 +24,22 @@ from pyroute2 import NetlinkError
 
 from pycni import netns
 from pycni.errors import CNIError
-from pycni.sdk import PluginRequest, delegate
+from pycni.sdk import Attachment, GCReport, PluginRequest, delegate
 from pycni.types import DNS, Interface, IPConfig, Result
 
-from ._common import attachment, fail, in_netns, ipam_result, netns_gone, prev_result
+from ._common import (
+    Fields,
+    attachment,
+    dry_run,
+    emit,
+    fail,
+    finish_gc,
+    in_netns,
+    ipam_result,
+    netns_gone,
+    prev_result,
+    valid_attachments,
+)
 from .kernel import ifconfig, links, owned, sysctl
 
 __all__ = [
@@ -36,6 +50,7 @@ __all__ = [
     "configure",
     "undo",
     "delete",
+    "gc",
     "check",
     "config_dns",
     "DRIVERS",
@@ -135,7 +150,7 @@ def create(request: PluginRequest, kind: str, master: Master, fd: int, spec: Map
         with contextlib.suppress(Exception):
             netns.run_in(fd, links.delete_link, tmp)
         raise fail(f'failed to rename {kind} to "{request.ifname}": {e.strerror}') from e
-    owned.LinkRecords(kind, request.state_dir).made(attachment(request), fd, link)
+    owned.LinkRecords(kind, request.state_dir).made(attachment(request), fd, request.netns, link)
     return Interface(request.ifname, link.mac, sandbox=request.netns)
 
 
@@ -191,12 +206,16 @@ def configure(
             ips = tuple(IPConfig(ip.address, ip.gateway, 0) for ip in source.ips)
             result = attrs.evolve(result, ips=ips, routes=source.routes)
             netns.run_in(fd, _configure, request.ifname, result, notify)
+        result = attrs.evolve(result, dns=dns) if dns is not None else result
+        # A result the config's version cannot hold (0.1.0/0.2.0 without addresses) fails the
+        # ADD here, so that the caller's undo runs, not after the link is handed over.
+        emit(result, request)
     except BaseException:
         if release:
             with contextlib.suppress(Exception):
                 delegate(request, ipam_type, "DEL")
         raise
-    return attrs.evolve(result, dns=dns) if dns is not None else result
+    return result
 
 
 def _delete_index(index: int, mac: str) -> None:
@@ -232,6 +251,23 @@ def delete(request: PluginRequest, kind: str, ipam_type: str) -> None:
         delegate(request, ipam_type, "DEL")
     _delete_owned(request, kind)
     owned.LinkRecords(kind, request.state_dir).remove(attachment(request).key)
+
+
+def _release(fd: int, link: links.Link, record: dict[str, Any]) -> None:
+    netns.run_in(fd, _delete_index, link.index, link.mac)
+
+
+def gc(request: PluginRequest, kind: str, release: owned.Release = _release) -> GCReport:
+    """GC (see the module docstring); ``release`` takes a stale attachment's link (default:
+    delete it). ``pycni.dev/dry-run`` only reports."""
+    f = Fields(request.config, "failed to load netconf")
+    ipam_type = f.string("type", source=f.mapping("ipam"))
+    network = request.network_name
+    keep = {Attachment(network, cid, ifname).key for cid, ifname in valid_attachments(request)}
+    removed: list[str] = []
+    errors: list[str] = []
+    owned.LinkRecords(kind, request.state_dir).collect(network, keep, dry_run(request), removed, errors, release)
+    return finish_gc(request, ipam_type, removed, errors)
 
 
 def _read(ifname: str) -> tuple[links.Link | None, dict[str, Any]]:

@@ -67,7 +67,7 @@ from ._common import (
     attachment,
     dry_run,
     fail,
-    gc_report,
+    finish_gc,
     in_netns,
     ipam_result,
     is_link_name,
@@ -563,14 +563,7 @@ class BridgePlugin(Plugin):
             )
         except nft.NftError as e:
             errors.append(f"failed to collect nftables elements: {e.msg}")
-        if conf.ipam_type:
-            try:
-                removed += GCReport.from_json(delegate(request, conf.ipam_type, "GC")).removed
-            except CNIError as e:
-                errors.append(f"IPAM GC failed: {e.msg}")
-        if errors:
-            raise fail("; ".join(errors), "removed: " + ", ".join(removed) if removed else "")
-        return gc_report(removed)
+        return finish_gc(request, conf.ipam_type, removed, errors)
 
     def status(self, request: PluginRequest) -> None:
         conf = load_config(request)

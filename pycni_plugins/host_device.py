@@ -24,7 +24,11 @@ differs, on purpose:
   anything changes: moving it would cut the host off;
 * a DEL whose container namespace is gone, or that finds no ``CNI_IFNAME`` there (a repeated
   DEL), succeeds (the kernel already took the device back, or destroyed a virtual one), as
-  pycni's other plugins do; the reference fails.
+  pycni's other plugins do; the reference fails;
+* GC (upstream has none: its GC succeeds, the devices of dead attachments stay where they were
+  moved) moves the devices of the network's attachments not in ``cni.dev/valid-attachments``
+  back to the host as DEL does, while their recorded namespace still holds them, drops their
+  records and goes to the IPAM plugin.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from pyroute2 import NetlinkError
 
 from pycni import netns
 from pycni.errors import CNIError, ErrorCode
-from pycni.sdk import Plugin, PluginRequest, delegate
+from pycni.sdk import GCReport, Plugin, PluginRequest, delegate
 from pycni.types import Interface, IPConfig, Result
 
 from . import _sublink
@@ -233,6 +237,18 @@ def _restore_host(name: str, addresses: list[str], up: bool) -> None:
                 links.add_address(ipr, link.index, ipaddress.ip_interface(addr), exist_ok=True)
 
 
+def _move_back(fd: int, link: links.Link, record: dict[str, Any]) -> None:
+    """Give container link ``link`` (of namespace ``fd``) back to the calling thread's namespace
+    under its recorded host name, with its recorded addresses and up state (see
+    :func:`_move_out`, :func:`_restore_host`)."""
+    host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        name = netns.run_in(fd, _move_out, link.name, link.index, host_fd, record.get("device"))
+    finally:
+        os.close(host_fd)
+    _restore_host(name, list(record.get("addresses") or ()), bool(record.get("up")))
+
+
 class HostDevicePlugin(Plugin):
     type = "host-device"
 
@@ -270,7 +286,7 @@ class HostDevicePlugin(Plugin):
         moved = {"device": device.name, "addresses": addrs, "up": device.up}
         # Named before the move (the kernel keeps its MAC, and its ifindex unless taken there),
         # so a crash right after the move still gives it back; a failed move names none.
-        _moved(request).made(att, fd, device, **moved)
+        _moved(request).made(att, fd, request.netns, device, **moved)
         try:
             _move_in(device.index, fd, request.ifname, device.name)
         except links.LinkError as e:
@@ -282,7 +298,7 @@ class HostDevicePlugin(Plugin):
             raise fail(f'failed to move link failed to move "{device.name}" to container NS: {e.strerror}') from e
         try:
             link = netns.run_in(fd, _up_in_container, request.ifname)
-            _moved(request).made(att, fd, link, **moved)
+            _moved(request).made(att, fd, request.netns, link, **moved)
             iface = Interface(request.ifname, link.mac, sandbox=request.netns)
             return _sublink.configure(request, fd, iface, conf.ipam_type, conf.dns, notify=False)
         except BaseException:
@@ -297,13 +313,7 @@ class HostDevicePlugin(Plugin):
         record = _moved(request).load(att.key)
         link = _moved(request).container_link(att, request.netns, request.ifname)
         if link is not None:
-            record = record if isinstance(record, dict) else {}
-            host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                name = netns.run_in(fd, _move_out, request.ifname, link.index, host_fd, record.get("device"))
-            finally:
-                os.close(host_fd)
-            _restore_host(name, list(record.get("addresses") or ()), bool(record.get("up")))
+            _move_back(fd, link, record if isinstance(record, dict) else {})
         _moved(request).remove(att.key)
 
     def delete(self, request: PluginRequest) -> None:
@@ -336,6 +346,12 @@ class HostDevicePlugin(Plugin):
             capitalised=True,
             device=not conf.dpdk,
         )
+
+    def gc(self, request: PluginRequest) -> GCReport:
+        """Give back the devices of this network's attachments not in ``cni.dev/valid-attachments``
+        that are still in their recorded namespace (as DEL does), drop their records, then the
+        IPAM plugin's GC."""
+        return _sublink.gc(request, "host-device", _move_back)
 
     def status(self, request: PluginRequest) -> None:
         f = Fields(request.config, "failed to load netconf")

@@ -13,7 +13,8 @@ texts follow containernetworking/plugins v1.9.1, which differs from Debian's 1.1
 * ``mode`` and the chaining rules are checked before anything changes;
 * DEL does not resolve the master (1.1.1 and v1.9.1 look up the default route when ``master``
   is empty and fail without one, so such a DEL could never succeed);
-* GC goes to the IPAM plugin (upstream has none yet).
+* GC (upstream has none) deletes the recorded links and records of the network's attachments
+  not in ``cni.dev/valid-attachments`` (:func:`._sublink.gc`) and goes to the IPAM plugin.
 """
 
 from __future__ import annotations
@@ -143,9 +144,8 @@ class IpvlanPlugin(Plugin):
             capitalised=True,
         )
 
-    def gc(self, request: PluginRequest) -> GCReport | None:
-        ipam_type = load_config(request, resolve_chain=False).ipam_type
-        return GCReport.from_json(delegate(request, ipam_type, "GC")) if ipam_type else None
+    def gc(self, request: PluginRequest) -> GCReport:
+        return _sublink.gc(request, "ipvlan")
 
     def status(self, request: PluginRequest) -> None:
         ipam_type = load_config(request, resolve_chain=False).ipam_type

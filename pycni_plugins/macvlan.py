@@ -12,7 +12,9 @@ CHECK's texts start lower-case. Where pycni differs, on purpose:
   (the reference says only ``Link not found``); a master that cannot carry a macvlan (``lo``, a
   non-Ethernet device) and a kernel without the driver are named as such;
 * the config is validated (mode, MAC, MTU, bcqueuelen) before anything changes;
-* GC goes to the IPAM plugin (upstream has no GC yet: its leases of dead attachments stay).
+* GC (upstream has none: its GC succeeds and changes nothing) deletes the recorded links of the
+  network's attachments not in ``cni.dev/valid-attachments`` and their records, as their DEL
+  would (:func:`._sublink.gc`), and goes to the IPAM plugin.
 """
 
 from __future__ import annotations
@@ -163,9 +165,8 @@ class MacvlanPlugin(Plugin):
             request, "macvlan", conf.ipam_type, _verify(conf.mode), before_container=lambda: _master(request, conf)
         )
 
-    def gc(self, request: PluginRequest) -> GCReport | None:
-        ipam_type = load_config(request).ipam_type
-        return GCReport.from_json(delegate(request, ipam_type, "GC")) if ipam_type else None
+    def gc(self, request: PluginRequest) -> GCReport:
+        return _sublink.gc(request, "macvlan")
 
     def status(self, request: PluginRequest) -> None:
         f = Fields(request.config, "failed to load netconf")

@@ -56,7 +56,7 @@ from ._common import (
     attachment,
     dry_run,
     fail,
-    gc_report,
+    finish_gc,
     in_netns,
     ipam_result,
     prev_result,
@@ -339,16 +339,7 @@ class PtpPlugin(Plugin):
             removed += nft.collect(network, valid, ("masq",), state_dir=request.state_dir, dry_run=dry)
         except nft.NftError as e:
             errors.append(f"failed to collect nftables elements: {e.msg}")
-        if conf.ipam_type:
-            try:
-                out = delegate(request, conf.ipam_type, "GC")
-                if isinstance(out, dict):
-                    removed += [str(item) for item in out.get("removed", ())]
-            except CNIError as e:
-                errors.append(f"IPAM GC failed: {e.msg}")
-        if errors:
-            raise fail("; ".join(errors), "removed: " + ", ".join(removed) if removed else "")
-        return gc_report(removed)
+        return finish_gc(request, conf.ipam_type, removed, errors)
 
     def status(self, request: PluginRequest) -> None:
         conf = load_config(request)

@@ -12,7 +12,8 @@ error texts follow containernetworking/plugins v1.9.1, which differs from Debian
   the master went away could never succeed); DEL runs IPAM DEL only when ``ipam`` names a type;
 * CHECK's VLAN-id and MTU mismatch texts name what they compare (the reference's read "Tuning
   link ... configured promisc is ...", a copy-paste from tuning);
-* GC goes to the IPAM plugin (upstream has none yet).
+* GC (upstream has none) deletes the recorded links and records of the network's attachments
+  not in ``cni.dev/valid-attachments`` (:func:`._sublink.gc`) and goes to the IPAM plugin.
 """
 
 from __future__ import annotations
@@ -128,9 +129,8 @@ class VlanPlugin(Plugin):
             prefix="vlan: ",
         )
 
-    def gc(self, request: PluginRequest) -> GCReport | None:
-        ipam_type = load_config(request).ipam_type
-        return GCReport.from_json(delegate(request, ipam_type, "GC")) if ipam_type else None
+    def gc(self, request: PluginRequest) -> GCReport:
+        return _sublink.gc(request, "vlan")
 
     def status(self, request: PluginRequest) -> None:
         ipam_type = load_config(request).ipam_type

@@ -18,7 +18,8 @@ did not create is never deleted (or, for host-device, moved back). For veths (br
   netns) is refused by the plugin before it makes anything (:meth:`LinkRecords.live`).
 
 For container links (macvlan, ipvlan, vlan, host-device) the record (``{"attachment", "link",
-...}``) names the link by its container namespace (nsfs inode), ifindex and MAC:
+...}``) names the link by its container namespace (nsfs inode, and the path it was reached by),
+ifindex and MAC:
 
 * it is written before the link is made, naming none (``"link": null``), and names the link
   once it is there (host-device names the device before the move, the kernel keeps its MAC);
@@ -27,30 +28,40 @@ For container links (macvlan, ipvlan, vlan, host-device) the record (``{"attachm
   (same namespace, ifindex and MAC), never ``CNI_IFNAME`` by name;
 * a DEL with no record (an attachment made by the reference plugin, a lost state dir, a
   repeated DEL) takes ``CNI_IFNAME`` in the container, as the reference does, unless any
-  record of any kind names it.
+  record of any kind names it;
+* GC (:meth:`LinkRecords.collect`) takes, for each record of the network's attachments not in
+  ``cni.dev/valid-attachments``, what that attachment's DEL would: the recorded link while the
+  recorded path still opens the recorded namespace and it still holds that link (ifindex and
+  MAC), then the record. A namespace that is gone leaves nothing to take (the kernel destroyed
+  a virtual link with it and gave a physical device to the initial namespace); a record
+  written before the path was recorded can only be removed.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
 from pycni import netns
+from pycni.errors import CNIError
 from pycni.sdk import Attachment
 
 from .._common import fail, netns_gone
 from . import links
 from .state import Records
 
-__all__ = ["KINDS", "VETH_KINDS", "LINK_KINDS", "LinkRecords", "delete_container_link"]
+__all__ = ["KINDS", "VETH_KINDS", "LINK_KINDS", "Release", "LinkRecords", "delete_container_link"]
 
 #: The plugins that record a host veth (``"host"``) and those that record a container link
 #: (``"link"``): a record-less DEL of any keeps the links all the others' records name.
 VETH_KINDS = ("bridge", "ptp")
 LINK_KINDS = ("macvlan", "ipvlan", "vlan", "host-device")
 KINDS = VETH_KINDS + LINK_KINDS
+#: What GC does with a stale attachment's container link: ``release(netns_fd, link, record)``.
+Release = Callable[[int, links.Link, dict[str, Any]], None]
 
 
 class LinkRecords(Records):
@@ -78,9 +89,10 @@ class LinkRecords(Records):
             )
         self.nothing_created(att)
 
-    def made(self, att: Attachment, ns: int | str, link: links.Link, **extra: Any) -> None:
-        """Record container link ``link`` of namespace ``ns`` (fd or path) as this attachment's."""
-        named = {"netns": _ns_id(ns), "index": link.index, "mac": link.mac}  # ns is open: an id
+    def made(self, att: Attachment, ns: int, path: str, link: links.Link, **extra: Any) -> None:
+        """Record container link ``link`` of namespace ``ns`` (an open fd; reached by ``path``,
+        which GC opens again) as this attachment's."""
+        named = {"netns": _ns_id(ns), "path": path, "index": link.index, "mac": link.mac}
         self.store(att.key, {"attachment": attrs.asdict(att), **extra, "link": named})
 
     def container_link(self, att: Attachment, netns_path: str, ifname: str) -> links.Link | None:
@@ -119,9 +131,20 @@ class LinkRecords(Records):
         elif netns_path:
             delete_container_link(netns_path, ifname, self.root)
 
-    def collect(self, network: str, keep: set[str], dry: bool, removed: list[str], errors: list[str]) -> None:
-        """GC's link part: the veths and records of this network's attachments not in ``keep``
-        (attachment keys); a veth no record names is never touched."""
+    def collect(
+        self,
+        network: str,
+        keep: set[str],
+        dry: bool,
+        removed: list[str],
+        errors: list[str],
+        release: Release | None = None,
+    ) -> None:
+        """GC's link part: the links and records of this network's attachments not in ``keep``
+        (attachment keys). A veth record's host veth is deleted; a container link record's link,
+        while it is still there (see the module docstring), goes to ``release`` (the plugin's
+        DEL of it). A link no record names is never touched; a record whose link could not be
+        taken stays (a later GC tries again)."""
         for name in self.names():
             record = self.load(name)
             if not isinstance(record, dict) or name in keep:
@@ -130,19 +153,50 @@ class LinkRecords(Records):
             if att.get("network") != network:
                 continue
             who = f"{att.get('container_id')}/{att.get('ifname')}"
-            host = host_veth(record)
-            if host is not None:
-                on = f" on bridge {record.get('bridge')}" if "bridge" in record else ""
-                removed.append(f"host veth {host} of {who}{on}")
-                if not dry:
-                    try:
-                        links.delete_link(host)
-                    except links.LinkError as e:
-                        errors.append(f"failed to delete {host} of {who}: {e.strerror}")
-                        continue
+            try:
+                if self.field == "host":
+                    self._collect_veth(record, who, dry, removed)
+                elif release is not None:
+                    self._collect_link(record, who, dry, removed, release)
+            except (CNIError, links.LinkError) as e:
+                reason = e.msg if isinstance(e, CNIError) else e.strerror
+                errors.append(f"failed to collect the {self.sub} link of {who}: {reason}")
+                continue
             removed.append(f"pycni state record {self.sub}/{name} of {who}")
             if not dry:
                 self.remove(name)
+
+    @staticmethod
+    def _collect_veth(record: dict[str, Any], who: str, dry: bool, removed: list[str]) -> None:
+        host = host_veth(record)
+        if host is not None:
+            on = f" on bridge {record.get('bridge')}" if "bridge" in record else ""
+            removed.append(f"host veth {host} of {who}{on}")
+            if not dry:
+                links.delete_link(host)
+
+    def _collect_link(self, record: dict[str, Any], who: str, dry: bool, removed: list[str], release: Release) -> None:
+        named = record.get("link")
+        path = named.get("path") if isinstance(named, dict) else None
+        if not isinstance(named, dict) or not isinstance(path, str) or not path:
+            return
+        try:
+            fd = netns.open_netns(path)
+        except netns.NetnsError as e:
+            if netns_gone(e):
+                return
+            raise
+        try:
+            if os.fstat(fd).st_ino != named.get("netns"):
+                return  # the path names another namespace now
+            link = netns.run_in(fd, _get_index, named.get("index"))
+            if link is None or link.mac != named.get("mac"):
+                return
+            removed.append(f"{self.sub} link {link.name} of {who} in {path}")
+            if not dry:
+                release(fd, link, record)
+        finally:
+            os.close(fd)
 
 
 def host_veth(record: Any) -> str | None:

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,3 +150,28 @@ def test_usage_errors_are_one_line(workdir):
         text=True,
     )
     assert proc.returncode == 2 and "NOPE: choose from ADD,CHECK,DEL" in proc.stderr
+
+
+@pytest.mark.parametrize("plugin_type", ["macvlan", "ipvlan", "vlan", "host-device"])
+def test_link_plugin_configs_name_the_link_each_fuzz_host_has(plugin_type):
+    """macvlan, ipvlan and vlan get a master and host-device a device that exist in the
+    example's host namespace (without it every "valid" ADD failed before doing anything)."""
+    from hypothesis import given, settings
+
+    from pycni import fuzz, strategies
+    from tests.helpers.kernel import links
+
+    @settings(max_examples=10, deadline=None, database=None)
+    @given(strategies.network_configs(plugin_type))
+    def named(conf):
+        assert conf.get("master", conf.get("device")) == strategies.HOST_LINK
+
+    named()
+    with fuzz._world(0) as world:
+        # operstate UP (the kernel reports it a moment after the carrier): its peer is up, so
+        # IPv6 DAD runs on what is made of it
+        deadline = time.monotonic() + 5
+        while links(world.host)[strategies.HOST_LINK]["state"] != "UP":
+            assert time.monotonic() < deadline, links(world.host)[strategies.HOST_LINK]
+            time.sleep(0.05)
+        assert set(links(world.container)) == {"lo"}

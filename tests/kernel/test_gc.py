@@ -17,15 +17,19 @@ import sys
 
 import pytest
 
+from pycni import netns
 from pycni.errors import CNIError, ErrorCode
-from pycni.sdk import Attachment, PluginRequest
+from pycni.sdk import Attachment, PluginRequest, builtin_plugin
+from pycni.sdk.invoke import exec_plugin
 from pycni.sdk.skel import run as skel_run
 from pycni_plugins.bridge import BridgePlugin
 from pycni_plugins.firewall import FirewallPlugin
 from pycni_plugins.host_local import HostLocalPlugin
 from pycni_plugins.host_local import lease_cache as hl_cache
+from pycni_plugins.install import install
 from pycni_plugins.kernel import layout, nft
 from pycni_plugins.portmap import PortmapPlugin
+from tests.conftest import TEST_NS_PREFIX
 
 pytestmark = pytest.mark.privileged
 
@@ -319,3 +323,185 @@ def test_bridge_del_without_the_netns_path_removes_the_veth_from_its_record(host
     assert veth not in kit.links_in(host.path)
     assert "eth0" not in kit.links_in(ns.path)
     assert _lease_files(tmp_path) == {}
+
+
+# -- macvlan, ipvlan, vlan and host-device -----------------------------------------------------
+
+LINK_NET = "linknet"
+
+
+def _link_conf(tmp_path, plugin_type: str, network: str = LINK_NET, **extra) -> dict:
+    ipam = {"type": "host-local", "ranges": [[{"subnet": "198.18.74.0/24"}]], "dataDir": str(tmp_path / "ipam")}
+    return {"cniVersion": "1.1.0", "name": network, "type": plugin_type, "ipam": ipam, **extra}
+
+
+def _veth(name: str, addr: str = "") -> None:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        ipr.link("add", ifname=name, kind="veth", peer=f"{name}p", state="up")
+        if addr:
+            ipr.addr("add", index=ipr.link_lookup(ifname=name)[0], address=addr, prefixlen=24)
+
+
+def _replace_eth0() -> None:
+    """The recorded eth0 renamed away (``old0``), another eth0 in its place."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        ipr.link("set", index=ipr.link_lookup(ifname="eth0")[0], ifname="old0")
+        ipr.link("add", ifname="eth0", kind="veth", peer="eth0p")
+
+
+def _records(state_dir: str, kind: str) -> list[str]:
+    d = os.path.join(state_dir, kind)
+    return sorted(n for n in os.listdir(d) if not n.startswith(".")) if os.path.isdir(d) else []
+
+
+def test_macvlan_gc_deletes_the_recorded_links_of_stale_attachments_only(host, make_netns, kit, tmp_path, state_dir):
+    """Stale attachments: b (its macvlan still in its namespace), c (its namespace gone), r (its
+    recorded link renamed away and another eth0 made: the recorded one goes, by ifindex and
+    MAC, never the eth0 by name). The valid attachment a, attachment b of another network on
+    the same master, and their leases stay."""
+    _veth("gcm0")
+    plugin = builtin_plugin("macvlan")
+    conf = _link_conf(tmp_path, "macvlan", master="gcm0")
+    other = _link_conf(tmp_path, "macvlan", network="othernet", master="gcm0")
+    spaces = {cid: make_netns(cid) for cid in ("a", "b", "r", "o")}
+    for cid in ("a", "b", "r"):
+        plugin.handle(kit.request("ADD", conf, cid, spaces[cid].path))
+    plugin.handle(kit.request("ADD", other, "b", spaces["o"].path))
+    gone = netns.Throwaway(prefix=f"{TEST_NS_PREFIX}-gcgone")
+    with gone:
+        plugin.handle(kit.request("ADD", conf, "c", gone.path))
+    netns.run_in(spaces["r"].path, _replace_eth0)
+    newcomer = kit.links_in(spaces["r"].path)["eth0"]
+    assert len(_records(state_dir, "macvlan")) == 5
+
+    before = {cid: kit.links_in(ns.path) for cid, ns in spaces.items()}
+    dry = plugin.handle(_gc(conf, [("a", "eth0")], dry=True))
+    assert {cid: kit.links_in(ns.path) for cid, ns in spaces.items()} == before
+    assert len(_records(state_dir, "macvlan")) == 5
+    out = plugin.handle(_gc(conf, [("a", "eth0")]))
+    assert out == dry
+    removed = out["removed"]
+    assert f"macvlan link eth0 of b/eth0 in {spaces['b'].path}" in removed
+    assert f"macvlan link old0 of r/eth0 in {spaces['r'].path}" in removed
+    assert not [r for r in removed if r.startswith("macvlan link") and "of c/eth0" in r]
+    assert sum(r.startswith("pycni state record macvlan/") for r in removed) == 3  # b, c, r
+    assert {r for r in removed if r.startswith("host-local")} == {
+        "host-local lease 198.18.74.3 of b/eth0 (network linknet)",
+        "host-local lease 198.18.74.4 of r/eth0 (network linknet)",
+        "host-local lease 198.18.74.5 of c/eth0 (network linknet)",
+    }
+    assert "othernet" not in "\n".join(removed)
+
+    assert set(kit.links_in(spaces["b"].path)) == {"lo"}
+    left = kit.links_in(spaces["r"].path)
+    assert "old0" not in left and (left["eth0"].index, left["eth0"].mac) == (newcomer.index, newcomer.mac)
+    assert kit.links_in(spaces["a"].path)["eth0"].kind == "macvlan"
+    assert kit.links_in(spaces["o"].path)["eth0"].kind == "macvlan"
+    assert len(_records(state_dir, "macvlan")) == 2
+    assert sorted(_lease_files(tmp_path, LINK_NET)) == ["198.18.74.2"]
+    assert sorted(_lease_files(tmp_path, "othernet")) == ["198.18.74.2"]
+    # The survivors are intact: their CHECK passes, their DEL still takes their link.
+    for cid, c, ns in (("a", conf, spaces["a"]), ("b", other, spaces["o"])):
+        plugin.handle(kit.request("DEL", c, cid, ns.path))
+        assert set(kit.links_in(ns.path)) == {"lo"}
+    assert plugin.handle(_gc(conf, []))["removed"] == []
+
+
+def test_host_device_gc_gives_stale_devices_back_to_the_host(host, make_netns, kit, tmp_path, state_dir):
+    """b's device comes back as DEL would bring it (host name, address, up); a's (valid) and
+    the other network's stay in their containers."""
+    for name, addr in (("hdv0", "198.18.75.1"), ("hds0", "198.18.76.1"), ("hdo0", "")):
+        _veth(name, addr)
+    plugin = builtin_plugin("host-device")
+    ns_a, ns_b, ns_o = make_netns("a"), make_netns("b"), make_netns("o")
+    plugin.handle(kit.request("ADD", _link_conf(tmp_path, "host-device", device="hdv0"), "a", ns_a.path))
+    plugin.handle(kit.request("ADD", _link_conf(tmp_path, "host-device", device="hds0"), "b", ns_b.path))
+    other = _link_conf(tmp_path, "host-device", network="othernet", device="hdo0")
+    plugin.handle(kit.request("ADD", other, "b", ns_o.path))
+    assert not {"hdv0", "hds0", "hdo0"} & set(kit.links_in(None))
+
+    conf = _link_conf(tmp_path, "host-device", device="hdv0")
+    dry = plugin.handle(_gc(conf, [("a", "eth0")], dry=True))
+    assert "eth0" in kit.links_in(ns_b.path)
+    out = plugin.handle(_gc(conf, [("a", "eth0")]))
+    assert out == dry
+    assert f"host-device link eth0 of b/eth0 in {ns_b.path}" in out["removed"]
+    assert "host-local lease 198.18.74.3 of b/eth0 (network linknet)" in out["removed"]
+    back = kit.links_in(None)["hds0"]
+    assert back.up and set(kit.links_in(ns_b.path)) == {"lo"}
+    from pycni_plugins.kernel import links as kernel_links
+
+    with kernel_links.iproute() as ipr:
+        assert "198.18.76.1/24" in {str(a) for a, _ in kernel_links.addresses(ipr, back.index)}
+        assert ipr.link("get", index=back.index)[0].get("ifalias") in (None, "")
+    assert "eth0" in kit.links_in(ns_a.path) and "eth0" in kit.links_in(ns_o.path)
+    assert len(_records(state_dir, "host-device")) == 2
+    plugin.handle(kit.request("DEL", conf, "a", ns_a.path))
+    assert "hdv0" in kit.links_in(None)
+
+
+def _record_veth_as(kind: str, ns: netns.Throwaway, network: str, cid: str, state_dir: str) -> None:
+    """What ``kind``'s ADD records, for a link this kernel can make (it has no ipvlan or vlan
+    driver): the eth0 of a veth in ``ns``."""
+    from pycni_plugins.kernel import links as kernel_links
+    from pycni_plugins.kernel import owned
+
+    netns.run_in(ns.path, _veth, "eth0")
+
+    def get():
+        with kernel_links.iproute() as ipr:
+            return kernel_links.get_link(ipr, "eth0")
+
+    fd = os.open(ns.path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        records = owned.LinkRecords(kind, state_dir)
+        records.made(Attachment(network, cid, "eth0"), fd, ns.path, netns.run_in(ns.path, get))
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("kind", ["ipvlan", "vlan"])
+def test_ipvlan_and_vlan_gc_take_recorded_links_of_stale_attachments_only(
+    host, make_netns, kit, tmp_path, state_dir, kind
+):
+    """Their GC is macvlan's (shared in _sublink); this kernel has no driver for them, so the
+    records name veths: the stale attachment's link and record go, a failed ADD's record (naming
+    no link) goes, the valid attachment's and the other network's stay."""
+    ns_a, ns_b, ns_o = make_netns("a"), make_netns("b"), make_netns("o")
+    _record_veth_as(kind, ns_a, LINK_NET, "a", state_dir)
+    _record_veth_as(kind, ns_b, LINK_NET, "b", state_dir)
+    _record_veth_as(kind, ns_o, "othernet", "b", state_dir)
+    from pycni_plugins.kernel import owned
+
+    owned.LinkRecords(kind, state_dir).nothing_created(Attachment(LINK_NET, "f", "eth0"))
+    conf = {"cniVersion": "1.1.0", "name": LINK_NET, "type": kind, "master": "gcm0"}
+    out = builtin_plugin(kind).handle(_gc(conf, [("a", "eth0")]))
+    removed = out["removed"]
+    links_removed = [r for r in removed if not r.startswith("pycni state record")]
+    assert links_removed == [f"{kind} link eth0 of b/eth0 in {ns_b.path}"]
+    assert sorted(r.split(" of ")[1] for r in removed if r not in links_removed) == ["b/eth0", "f/eth0"]
+    assert set(kit.links_in(ns_b.path)) == {"lo"}
+    assert "eth0" in kit.links_in(ns_a.path) and "eth0" in kit.links_in(ns_o.path)
+    assert len(_records(state_dir, kind)) == 2
+
+
+def test_exec_d_link_plugin_gc_collects_and_prints_nothing(host, make_netns, kit, tmp_path, state_dir):
+    """The installed macvlan binary (the shim, no daemon) collects what the in-process ADD made."""
+    _veth("gcm0")
+    bindir = tmp_path / "bin"
+    install(str(bindir))
+    conf = _link_conf(tmp_path, "macvlan", master="gcm0")
+    ns_a, ns_b = make_netns("a"), make_netns("b")
+    plugin = builtin_plugin("macvlan")
+    plugin.handle(kit.request("ADD", conf, "a", ns_a.path))
+    plugin.handle(kit.request("ADD", conf, "b", ns_b.path))
+    request = _gc(conf, [("a", "eth0")])
+    request = PluginRequest("GC", request.config, path=(str(bindir),))
+    assert exec_plugin("macvlan", request, timeout=60) is None
+    assert set(kit.links_in(ns_b.path)) == {"lo"} and "eth0" in kit.links_in(ns_a.path)
+    assert len(_records(state_dir, "macvlan")) == 1
+    assert sorted(_lease_files(tmp_path, LINK_NET)) == ["198.18.74.2"]

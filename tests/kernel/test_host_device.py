@@ -1,4 +1,5 @@
-"""host-device in-process: PCI/auxiliary/DPDK look-ups through a stand-in sysfs, rollback, CHECK."""
+"""host-device in-process: PCI/auxiliary/DPDK look-ups through a stand-in sysfs, rollback, CHECK (and a
+failed ADD of host-device or macvlan changing nothing)."""
 
 from __future__ import annotations
 
@@ -137,3 +138,24 @@ def test_host_device_del_with_the_container_namespace_gone_succeeds(host, kit):
     finally:
         ctr.__exit__(None, None, None)
     HostDevicePlugin().handle(kit.request("DEL", _conf(device="hd0"), "c1", ctr.path))
+
+
+@pytest.mark.parametrize("plugin_type", ["host-device", "macvlan"])
+def test_an_add_whose_result_its_version_cannot_hold_changes_nothing(host, make_netns, kit, state_dir, plugin_type):
+    """0.2.0 without IPAM: no address for the result (code 6, as the reference). Found by
+    ``pycni fuzz``: the device had been moved (the macvlan made) before the result failed."""
+    _device()
+    ctr = make_netns("c")
+    conf = {**_conf(cniVersion="0.2.0"), "type": plugin_type}
+    conf.update({"device": "hd0"} if plugin_type == "host-device" else {"master": "hd0"})
+    with pytest.raises(CNIError) as e:
+        from pycni.sdk import builtin_plugin
+
+        builtin_plugin(plugin_type).handle(kit.request("ADD", conf, "c1", ctr.path))
+    assert e.value.code == 6 and "no valid IP addresses" in e.value.msg
+    assert set(_in_container(ctr.path)) == {"lo"}
+    assert kit.links_in(None)["hd0"].up
+    records = os.path.join(state_dir, plugin_type)
+    for name in os.listdir(records):
+        with open(os.path.join(records, name)) as f:
+            assert '"link":null' in f.read()
