@@ -15,7 +15,17 @@ from __future__ import annotations
 
 from .args import load_args, parse_cni_args
 from .invoke import find_plugin
-from .plugin import COMMANDS, GCReport, Plugin, builtin_plugin, builtin_plugins, delegate, environ, environment
+from .plugin import (
+    COMMANDS,
+    GCReport,
+    Plugin,
+    builtin_plugin,
+    builtin_plugins,
+    delegate,
+    environ,
+    environment,
+    internal_errors,
+)
 from .request import PluginRequest
 from .validate import validate_attachment_key, validate_container_id, validate_ifname, validate_network_name
 
@@ -30,6 +40,7 @@ __all__ = [
     "environ",
     "environment",
     "find_plugin",
+    "internal_errors",
     "load_args",
     "parse_cni_args",
     "validate_attachment_key",

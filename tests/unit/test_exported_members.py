@@ -39,6 +39,7 @@ PUBLIC = {
         "environ",
         "environment",
         "find_plugin",
+        "internal_errors",
         "load_args",
         "parse_cni_args",
         "validate_attachment_key",
