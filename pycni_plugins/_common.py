@@ -20,6 +20,7 @@ from .kernel.nft import Attachment
 __all__ = [
     "fail",
     "add_with_undo",
+    "add_veth",
     "in_netns",
     "netns_gone",
     "Fields",
@@ -36,6 +37,7 @@ __all__ = [
 ]
 
 _CURRENT = "1.1.0"
+VETH_RETRIES = 10
 #: GC stdin key (pycni extension): report what would be collected, change nothing.
 DRY_RUN_KEY = "pycni.dev/dry-run"
 T = TypeVar("T")
@@ -78,6 +80,45 @@ def add_with_undo(
     finally:
         os.close(fd)
     return emit(result, request)
+
+
+def add_veth(
+    ipr: Any,
+    request: PluginRequest,
+    fd: int,
+    container_mac: str,
+    mtu: int,
+    master: int | None,
+    record: Callable[[str, int], None],
+) -> tuple[str, str]:
+    """A veth whose container end is ``request.ifname`` in the namespace ``fd``, its host end a
+    random name (another one on a clash) with a random MAC; returns the host end's name and MAC.
+    ``record(host_name, attempt)`` runs before each attempt, so that a crash right after leaves
+    no veth nobody can map."""
+    host_mac = links.random_mac()
+    for attempt in range(VETH_RETRIES):
+        host_name = links.random_veth_name()
+        record(host_name, attempt)
+        try:
+            links.add_veth(
+                ipr,
+                host_name,
+                host_mac,
+                peer_name=request.ifname,
+                peer_netns_fd=fd,
+                peer_mac=container_mac,
+                mtu=mtu,
+                master=master,
+            )
+            return host_name, host_mac
+        except links.LinkError as e:
+            if e.errno != errno.EEXIST:
+                raise fail(f"failed to make veth pair: {e.strerror}") from e
+            if links.ifindex(host_name) is None:
+                raise fail(
+                    f'container veth name ("{request.ifname}") peer provided ("{host_name}") already exists'
+                ) from e
+    raise fail(f"failed to find a free veth name after {VETH_RETRIES} attempts")
 
 
 def netns_gone(e: BaseException) -> bool:

@@ -63,6 +63,7 @@ from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from ._common import (
     Fields,
+    add_veth,
     add_with_undo,
     attachment,
     dry_run,
@@ -73,12 +74,11 @@ from ._common import (
     prev_result,
     valid_attachments,
 )
-from .kernel import layout, links, nft, owned, sysctl
+from .kernel import ifconfig, layout, links, nft, owned, sysctl
 
 __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 
 DEFAULT_BRIDGE = "cni0"
-VETH_RETRIES = 10
 _IFNAME_BAD = re.compile(r'[/:\s"\\]')
 _MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 _NO_PREV = "Required prevResult missing"
@@ -193,64 +193,21 @@ def _quiet_sysctl(name: str, value: int) -> None:
         sysctl.write(name, value)
 
 
-def _container_index(ifname: str) -> int:
-    index = links.ifindex(ifname)
-    if index is None:
-        raise fail(f'failed to lookup "{ifname}": Link not found')
-    return index
-
-
-def _configure_container(ifname: str, ips: tuple[IPConfig, ...], routes: tuple[Route, ...], enable_dad: bool) -> None:
-    """Sysctls, addresses, link up and routes on the container end."""
-    index = _container_index(ifname)
+def _configure_container(ifname: str, result: Result, enable_dad: bool) -> None:
+    """The DAD and ARP sysctls (failures ignored, as upstream), then ``ipam.ConfigureIface``."""
     if enable_dad:
         _quiet_sysctl(f"net/ipv6/conf/{ifname}/enhanced_dad", 1)
         _quiet_sysctl(f"net/ipv6/conf/{ifname}/accept_dad", 1)
     else:
         _quiet_sysctl(f"net/ipv6/conf/{ifname}/accept_dad", 0)
     _quiet_sysctl(f"net/ipv4/conf/{ifname}/arp_notify", 1)
-    with links.iproute() as ipr:
-        gateways: dict[int, str] = {}
-        has_v6 = False
-        for ip in ips:
-            if ip.interface != 2:
-                raise fail(f"failed to add IP addr {ip.address} to {ifname}: invalid interface index")
-            if ip.address.version == 6 and not has_v6:
-                has_v6 = True
-                for name in ("lo", ifname):
-                    with contextlib.suppress(OSError):
-                        sysctl.ensure(f"net/ipv6/conf/{name}/disable_ipv6", 0)
-                try:
-                    sysctl.write(f"net/ipv6/conf/{ifname}/keep_addr_on_down", 1)
-                except OSError as e:
-                    raise fail(f"failed to set sysctl keep_addr_on_down for {ifname}: {e.strerror}") from e
-            if ip.gateway is not None:
-                gateways.setdefault(ip.address.version, str(ip.gateway))
-            try:
-                links.add_address(ipr, index, ip.address)
-            except links.LinkError as e:
-                raise fail(f"failed to add IP addr {ip.address} to {ifname}: {e.strerror}") from e
-        try:
-            links.set_up(ipr, index)
-        except links.LinkError as e:
-            raise fail(f'failed to set "{ifname}" UP: {e.strerror}') from e
-        if 6 in gateways:
-            try:
-                links.wait_dad(ipr, index)
-            except links.LinkError as e:
-                raise fail(f"failed while waiting for addresses to settle: {e.strerror}") from e
-        for route in routes:
-            gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
-            try:
-                links.add_route(
-                    ipr, index, route.dst.network, gw, priority=route.priority, table=route.table, scope=route.scope
-                )
-            except links.LinkError as e:
-                raise fail(f"failed to add route '{route.dst.network} via {gw} dev {ifname}': {e.strerror}") from e
+    ifconfig.configure_iface(ifname, result)
 
 
 def _container_up(ifname: str) -> None:
-    index = _container_index(ifname)
+    index = links.ifindex(ifname)
+    if index is None:
+        raise fail(f'failed to lookup "{ifname}": Link not found')
     with links.iproute() as ipr:
         links.set_up(ipr, index)
 
@@ -360,7 +317,14 @@ class BridgePlugin(Plugin):
         # Both ends get their MAC here: the result needs no read-back, and udev's
         # MACAddressPolicy=persistent leaves an explicitly set host-side MAC alone.
         container_mac = conf.mac or links.random_mac()
-        host_name, host_mac = self._add_veth(request, conf, ipr, fd, br, container_mac, att)
+
+        def record(host_name: str, attempt: int) -> None:
+            entry = {"attachment": attrs.asdict(att), "bridge": conf.bridge, "bridge_mac": br.mac, "host": host_name}
+            _LINKS.store(att.key, entry)
+            if attempt == 0:
+                failpoint("bridge.add.after-record")
+
+        host_name, host_mac = add_veth(ipr, request, fd, container_mac, conf.mtu, br.index, record)
         undo.append(lambda: links.delete_link(host_name))
         failpoint("bridge.add.after-veth")
         _quiet_sysctl(f"net/ipv6/conf/{host_name}/accept_ra", 0)
@@ -404,47 +368,6 @@ class BridgePlugin(Plugin):
                 if record.get("attachment", {}).get("network") == network:
                     self._setup_port(ipr, conf, link.name)
 
-    def _add_veth(
-        self,
-        request: PluginRequest,
-        conf: BridgeConfig,
-        ipr: Any,
-        fd: int,
-        br: links.Link,
-        container_mac: str,
-        att: nft.Attachment,
-    ) -> tuple[str, str]:
-        host_mac = links.random_mac()
-        for attempt in range(VETH_RETRIES):
-            host_name = links.random_veth_name()
-            # Recorded before it exists: a crash right after leaves no veth nobody can map.
-            _LINKS.store(
-                att.key,
-                {"attachment": attrs.asdict(att), "bridge": conf.bridge, "bridge_mac": br.mac, "host": host_name},
-            )
-            if attempt == 0:
-                failpoint("bridge.add.after-record")
-            try:
-                links.add_veth(
-                    ipr,
-                    host_name,
-                    host_mac,
-                    peer_name=request.ifname,
-                    peer_netns_fd=fd,
-                    peer_mac=container_mac,
-                    mtu=conf.mtu,
-                    master=br.index,
-                )
-                return host_name, host_mac
-            except links.LinkError as e:
-                if e.errno != errno.EEXIST:
-                    raise fail(f"failed to make veth pair: {e.strerror}") from e
-                if links.ifindex(host_name) is None:
-                    raise fail(
-                        f'container veth name ("{request.ifname}") peer provided ("{host_name}") already exists'
-                    ) from e
-        raise fail(f"failed to find a free veth name after {VETH_RETRIES} attempts")
-
     def _setup_port(self, ipr: Any, conf: BridgeConfig, name: str) -> None:
         if not (conf.hairpin or conf.port_isolation or conf.vlan or conf.vlan_trunk):
             return
@@ -475,7 +398,8 @@ class BridgePlugin(Plugin):
         if not ipam.ips:
             raise fail("IPAM plugin returned missing IP config")
         ips, routes, bridge_addrs = _gateways(conf, ipam)
-        netns.run_in(fd, _configure_container, request.ifname, ips, routes, conf.enable_dad)
+        result = attrs.evolve(result, ips=ips, routes=routes, dns=conf.dns if conf.dns is not None else ipam.dns)
+        netns.run_in(fd, _configure_container, request.ifname, result, conf.enable_dad)
         failpoint("bridge.add.after-container")
         if bridge_addrs:
             for addr in bridge_addrs:
@@ -498,8 +422,7 @@ class BridgePlugin(Plugin):
             except nft.NftError as e:
                 raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
             failpoint("bridge.add.after-masq")
-        dns = conf.dns if conf.dns is not None else ipam.dns
-        return attrs.evolve(result, ips=ips, routes=routes, dns=dns)
+        return result
 
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)

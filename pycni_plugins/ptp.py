@@ -36,7 +36,6 @@ Where pycni differs, on purpose:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import ipaddress
 import os
@@ -48,10 +47,11 @@ import attrs
 from pycni import netns
 from pycni.errors import CNIError
 from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate
-from pycni.types import DNS, Interface, IPConfig, Result, Route
+from pycni.types import DNS, Interface, IPConfig, Result
 
 from ._common import (
     Fields,
+    add_veth,
     add_with_undo,
     attachment,
     dry_run,
@@ -62,11 +62,10 @@ from ._common import (
     prev_result,
     valid_attachments,
 )
-from .kernel import layout, links, nft, owned, sysctl
+from .kernel import ifconfig, layout, links, nft, owned, sysctl
 
 __all__ = ["PtpConfig", "PtpPlugin", "load_config"]
 
-VETH_RETRIES = 10
 #: Per attachment: ``{"attachment", "host"}`` (the host veth's name; see :mod:`.kernel.owned`).
 _LINKS = owned.LinkRecords("ptp")
 
@@ -102,47 +101,14 @@ def _host_prefix(version: int) -> int:
 # --- container side (runs in a thread inside the container's namespace) -------------------------
 
 
-def _configure_container(ifname: str, ips: tuple[IPConfig, ...], routes: tuple[Route, ...]) -> None:
+def _configure_container(ifname: str, result: Result) -> None:
     """upstream's ``ipam.ConfigureIface``, then each subnet route replaced by the gateway's."""
+    ifconfig.configure_iface(ifname, result)
     index = links.ifindex(ifname)
     if index is None:
         raise fail(f'failed to lookup "{ifname}": Link not found')
     with links.iproute() as ipr:
-        gateways: dict[int, str] = {}
-        has_v6 = False
-        for ip in ips:
-            if ip.address.version == 6 and not has_v6:
-                has_v6 = True
-                for name in ("lo", ifname):
-                    with contextlib.suppress(OSError):
-                        sysctl.ensure(f"net/ipv6/conf/{name}/disable_ipv6", 0)
-                try:
-                    sysctl.write(f"net/ipv6/conf/{ifname}/keep_addr_on_down", 1)
-                except OSError as e:
-                    raise fail(f'failed to enable keep_addr_on_down for interface "{ifname}": {e.strerror}') from e
-            try:
-                links.add_address(ipr, index, ip.address)
-            except links.LinkError as e:
-                raise fail(f'failed to add IP addr {ip.address} to "{ifname}": {e.strerror}') from e
-            gateways.setdefault(ip.address.version, str(ip.gateway))
-        try:
-            links.set_up(ipr, index)
-        except links.LinkError as e:
-            raise fail(f'failed to set "{ifname}" UP: {e.strerror}') from e
-        if 6 in gateways:
-            try:
-                links.wait_dad(ipr, index)
-            except links.LinkError as e:
-                raise fail(f'failed to settle addresses for "{ifname}": {e.strerror}') from e
-        for route in routes:
-            gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
-            try:
-                links.add_route(
-                    ipr, index, route.dst.network, gw, priority=route.priority, table=route.table, scope=route.scope
-                )
-            except links.LinkError as e:
-                raise fail(f"failed to add route '{route.dst.network} via {gw} dev {ifname}': {e.strerror}") from e
-        for ip in ips:
+        for ip in result.ips:
             net = ip.address.network
             gw_net = ipaddress.ip_network(f"{ip.gateway}/{_host_prefix(net.version)}")
             src = str(ip.address.ip)
@@ -223,10 +189,16 @@ class PtpPlugin(Plugin):
             except OSError as e:
                 raise fail(f"Could not enable IP forwarding: {e.strerror}") from e
         container_mac = links.random_mac()
-        host_name, host_mac = self._add_veth(request, conf, ipr, fd, container_mac, att)
+
+        def record(host_name: str, attempt: int) -> None:
+            _LINKS.store(att.key, {"attachment": attrs.asdict(att), "host": host_name})
+
+        host_name, host_mac = add_veth(ipr, request, fd, container_mac, conf.mtu, None, record)
         undo.append(lambda: links.delete_link(host_name))
         ips = tuple(IPConfig(ip.address, ip.gateway, 1) for ip in ipam.ips)
-        netns.run_in(fd, _configure_container, request.ifname, ips, ipam.routes)
+        interfaces = [Interface(host_name, host_mac), Interface(request.ifname, container_mac, sandbox=request.netns)]
+        result = Result("1.1.0", interfaces, ips, ipam.routes, conf.dns if conf.dns is not None else ipam.dns)
+        netns.run_in(fd, _configure_container, request.ifname, result)
         index = links.ifindex(host_name)
         if index is None:
             raise fail(f'failed to lookup "{host_name}": Link not found')
@@ -249,38 +221,7 @@ class PtpPlugin(Plugin):
                 nft.apply("masq", att, [layout.masq_element(ip.address) for ip in ips], _masq_sections(ips))
             except nft.NftError as e:
                 raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
-        interfaces = [Interface(host_name, host_mac), Interface(request.ifname, container_mac, sandbox=request.netns)]
-        dns = conf.dns if conf.dns is not None else ipam.dns
-        return Result("1.1.0", interfaces, ips, ipam.routes, dns)
-
-    def _add_veth(
-        self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, container_mac: str, att: nft.Attachment
-    ) -> tuple[str, str]:
-        host_mac = links.random_mac()
-        for _ in range(VETH_RETRIES):
-            host_name = links.random_veth_name()
-            # Recorded before it exists: a crash right after leaves no veth nobody can map.
-            _LINKS.store(att.key, {"attachment": attrs.asdict(att), "host": host_name})
-            try:
-                links.add_veth(
-                    ipr,
-                    host_name,
-                    host_mac,
-                    peer_name=request.ifname,
-                    peer_netns_fd=fd,
-                    peer_mac=container_mac,
-                    mtu=conf.mtu,
-                    master=None,
-                )
-                return host_name, host_mac
-            except links.LinkError as e:
-                if e.errno != errno.EEXIST:
-                    raise fail(f"failed to make veth pair: {e.strerror}") from e
-                if links.ifindex(host_name) is None:
-                    raise fail(
-                        f'container veth name ("{request.ifname}") peer provided ("{host_name}") already exists'
-                    ) from e
-        raise fail(f"failed to find a free veth name after {VETH_RETRIES} attempts")
+        return result
 
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)
