@@ -32,9 +32,8 @@ __all__ = [
     "Master",
     "lookup_master",
     "begin",
-    "create",
+    "add",
     "configure",
-    "undo",
     "delete",
     "check",
     "config_dns",
@@ -116,7 +115,7 @@ def begin(request: PluginRequest, kind: str) -> None:
     owned.LinkRecords(kind).begin(attachment(request), request.netns, request.ifname)
 
 
-def create(request: PluginRequest, kind: str, master: Master, fd: int, spec: Mapping[str, Any]) -> Interface:
+def _create(request: PluginRequest, kind: str, master: Master, fd: int, spec: Mapping[str, Any]) -> Interface:
     """Create the ``kind`` link on ``master`` in the container as ``CNI_IFNAME``; ``spec`` holds
     the RTM_NEWLINK attributes (mtu, address, kind data). After :func:`begin`: the attachment's
     record names the link once it is there."""
@@ -199,6 +198,34 @@ def configure(
     return attrs.evolve(result, dns=dns) if dns is not None else result
 
 
+def add(
+    request: PluginRequest,
+    kind: str,
+    master: Master,
+    spec: Mapping[str, Any],
+    mtu: int,
+    ipam_type: str,
+    dns: DNS | None,
+    **how: bool,
+) -> Result:
+    """ADD's kernel part: the link (:func:`_create`, ``spec`` plus ``mtu`` if set) in the
+    container's namespace, then :func:`configure` (``how``: its options); the link is deleted
+    again if configuring it fails."""
+    try:
+        fd = netns.open_netns(request.netns)
+    except netns.NetnsError as e:
+        raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+    try:
+        iface = _create(request, kind, master, fd, {**spec, "mtu": mtu} if mtu else spec)
+        try:
+            return configure(request, fd, iface, ipam_type, dns, **how)
+        except BaseException:
+            _undo(request, kind)
+            raise
+    finally:
+        os.close(fd)
+
+
 def _delete_index(index: int, mac: str) -> None:
     with links.iproute() as ipr:
         link = links.get_link(ipr, index=index)
@@ -221,7 +248,7 @@ def _delete_owned(request: PluginRequest, kind: str) -> None:
         raise fail(f'failed to delete "{link.name}": {e.strerror}') from e
 
 
-def undo(request: PluginRequest, kind: str) -> None:
+def _undo(request: PluginRequest, kind: str) -> None:
     """A failed ADD's undo after :func:`create`: the link it made; its record then names none."""
     _delete_owned(request, kind)
     owned.LinkRecords(kind).nothing_created(attachment(request))
