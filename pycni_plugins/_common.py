@@ -11,10 +11,10 @@ from typing import Any, TypeVar
 from pycni import netns
 from pycni._json import go_field, go_kind
 from pycni.errors import CNIError, ErrorCode
-from pycni.sdk import GCReport, PluginRequest
+from pycni.sdk import GCReport, PluginRequest, delegate
 from pycni.types import Result, convert, parse_result
 
-from .kernel import links
+from .kernel import links, nft
 from .kernel.nft import Attachment
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "dry_run",
     "valid_attachments",
     "gc_report",
+    "gc_veths",
     "nftables_status",
 ]
 
@@ -231,6 +232,38 @@ def valid_attachments(request: PluginRequest) -> set[tuple[str, str]]:
 def gc_report(removed: list[str]) -> GCReport:
     """What a built-in plugin's ``gc`` returns (pycni extension; an exec'd plugin prints nothing)."""
     return GCReport(tuple(removed))
+
+
+def gc_veths(
+    request: PluginRequest,
+    collect_links: Callable[[str, set[str], bool, list[str], list[str]], None],
+    collect_nft: Callable[[set[tuple[str, str]], bool], list[str]],
+    ipam_type: str,
+) -> GCReport:
+    """GC of a plugin that gives each attachment a host veth (bridge, ptp), for the attachments
+    of its network not in ``cni.dev/valid-attachments``: their links and records
+    (``collect_links``, :meth:`.kernel.owned.LinkRecords.collect`), their nftables elements
+    (``collect_nft(valid, dry_run)``), then the IPAM plugin's GC. Every step runs; their
+    failures are raised together, with what was removed as details. ``pycni.dev/dry-run`` only
+    reports."""
+    valid = valid_attachments(request)
+    dry = dry_run(request)
+    network = request.network_name
+    removed: list[str] = []
+    errors: list[str] = []
+    collect_links(network, {Attachment(network, cid, ifname).key for cid, ifname in valid}, dry, removed, errors)
+    try:
+        removed += collect_nft(valid, dry)
+    except nft.NftError as e:
+        errors.append(f"failed to collect nftables elements: {e.msg}")
+    if ipam_type:
+        try:
+            removed += GCReport.from_json(delegate(request, ipam_type, "GC")).removed
+        except CNIError as e:
+            errors.append(f"IPAM GC failed: {e.msg}")
+    if errors:
+        raise fail("; ".join(errors), "removed: " + ", ".join(removed) if removed else "")
+    return gc_report(removed)
 
 
 def nftables_status() -> None:

@@ -66,13 +66,11 @@ from ._common import (
     add_veth,
     add_with_undo,
     attachment,
-    dry_run,
     fail,
-    gc_report,
+    gc_veths,
     in_netns,
     ipam_result,
     prev_result,
-    valid_attachments,
 )
 from .kernel import ifconfig, layout, links, nft, owned, sysctl
 
@@ -460,26 +458,12 @@ class BridgePlugin(Plugin):
         pycni has no record of is never touched) and records, and, through the IPAM plugin's
         GC, their leases. ``pycni.dev/dry-run`` only reports."""
         conf = load_config(request)
-        valid = valid_attachments(request)
-        dry = dry_run(request)
-        removed: list[str] = []
-        errors: list[str] = []
-        network = request.network_name
-        keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid}
-        _LINKS.collect(network, keep, dry, removed, errors)
-        try:
-            skeleton = _masq_skeleton if conf.ip_masq else None
-            removed += nft.gc(network, valid, _NFT_OWNERS, layout.sections_for, skeleton, dry_run=dry)
-        except nft.NftError as e:
-            errors.append(f"failed to collect nftables elements: {e.msg}")
-        if conf.ipam_type:
-            try:
-                removed += GCReport.from_json(delegate(request, conf.ipam_type, "GC")).removed
-            except CNIError as e:
-                errors.append(f"IPAM GC failed: {e.msg}")
-        if errors:
-            raise fail("; ".join(errors), "removed: " + ", ".join(removed) if removed else "")
-        return gc_report(removed)
+        skeleton = _masq_skeleton if conf.ip_masq else None
+
+        def collect_nft(valid: set[tuple[str, str]], dry: bool) -> list[str]:
+            return nft.gc(request.network_name, valid, _NFT_OWNERS, layout.sections_for, skeleton, dry_run=dry)
+
+        return gc_veths(request, _LINKS.collect, collect_nft, conf.ipam_type)
 
     def status(self, request: PluginRequest) -> None:
         conf = load_config(request)

@@ -54,13 +54,11 @@ from ._common import (
     add_veth,
     add_with_undo,
     attachment,
-    dry_run,
     fail,
-    gc_report,
+    gc_veths,
     in_netns,
     ipam_result,
     prev_result,
-    valid_attachments,
 )
 from .kernel import ifconfig, layout, links, nft, owned, sysctl
 
@@ -258,27 +256,11 @@ class PtpPlugin(Plugin):
 
     def gc(self, request: PluginRequest) -> GCReport:
         conf = load_config(request)
-        valid = valid_attachments(request)
-        dry = dry_run(request)
-        network = request.network_name
-        keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid}
-        removed: list[str] = []
-        errors: list[str] = []
-        _LINKS.collect(network, keep, dry, removed, errors)
-        try:
-            removed += nft.collect(network, valid, ("masq",), dry_run=dry)
-        except nft.NftError as e:
-            errors.append(f"failed to collect nftables elements: {e.msg}")
-        if conf.ipam_type:
-            try:
-                out = delegate(request, conf.ipam_type, "GC")
-                if isinstance(out, dict):
-                    removed += [str(item) for item in out.get("removed", ())]
-            except CNIError as e:
-                errors.append(f"IPAM GC failed: {e.msg}")
-        if errors:
-            raise fail("; ".join(errors), "removed: " + ", ".join(removed) if removed else "")
-        return gc_report(removed)
+
+        def collect_nft(valid: set[tuple[str, str]], dry: bool) -> list[str]:
+            return nft.collect(request.network_name, valid, ("masq",), dry_run=dry)
+
+        return gc_veths(request, _LINKS.collect, collect_nft, conf.ipam_type)
 
     def status(self, request: PluginRequest) -> None:
         conf = load_config(request)
