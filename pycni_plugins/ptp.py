@@ -130,17 +130,7 @@ def _check_container(iface: Interface, ifname: str, prev: Result) -> None:
             raise fail(f"Error: Container interface {link.name} not of type veth/p2p")
         if iface.mac and iface.mac.lower() != link.mac:
             raise fail(f"ptp: Interface {iface.name} Mac {iface.mac} doesn't match container Mac: {link.mac}")
-        have = {a for a, _ in links.addresses(ipr, link.index)}
-        for ip in prev.ips:
-            if ip.interface is not None and 0 <= ip.interface < len(prev.interfaces):
-                if prev.interfaces[ip.interface].name != ifname:
-                    continue
-            if ip.address not in have:
-                raise fail(f"Failed to match addr {ip.address} on interface {ifname}")
-        for route in prev.routes:
-            gw = str(route.gw) if route.gw is not None else None
-            if not links.has_route(ipr, link.index, route.dst.network, gw):
-                raise fail(f"Expected Route {route.to_json()} not found in routing table")
+        ifconfig.check_on_link(ipr, link.index, ifname, prev)
 
 
 # --- the plugin -------------------------------------------------------------------------------
