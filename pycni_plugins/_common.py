@@ -22,6 +22,7 @@ __all__ = [
     "add_with_undo",
     "add_veth",
     "in_netns",
+    "open_container",
     "netns_gone",
     "Fields",
     "ipam_result",
@@ -57,16 +58,22 @@ def in_netns(path: str | int, fn: Callable[..., T], *args: Any) -> T:
         raise fail(e.strerror or str(e)) from e
 
 
+def open_container(request: PluginRequest) -> int:
+    """An fd (the caller closes it) of the container's namespace, ``CNI_NETNS``; one that cannot
+    be opened is the reference's ``failed to open netns`` error."""
+    try:
+        return netns.open_netns(request.netns)
+    except netns.NetnsError as e:
+        raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+
+
 def add_with_undo(
     request: PluginRequest, body: Callable[[Any, int, list[Callable[[], Any]]], Result]
 ) -> dict[str, Any]:
     """An interface plugin's ADD: ``body(ipr, netns_fd, undo)`` runs with the container's netns
     open and one netlink socket; on any failure the steps it registered in ``undo`` run in
     reverse (each failure suppressed), so a failed ADD leaves only what a DEL would clean."""
-    try:
-        fd = netns.open_netns(request.netns)
-    except netns.NetnsError as e:
-        raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+    fd = open_container(request)
     undo: list[Callable[[], Any]] = []
     try:
         with links.iproute() as ipr:

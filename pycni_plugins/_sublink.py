@@ -25,7 +25,7 @@ from pycni.errors import CNIError
 from pycni.sdk import PluginRequest, delegate
 from pycni.types import DNS, Interface, IPConfig, Result
 
-from ._common import attachment, fail, in_netns, ipam_result, netns_gone, prev_result
+from ._common import attachment, fail, in_netns, ipam_result, netns_gone, open_container, prev_result
 from .kernel import ifconfig, links, owned, sysctl
 
 __all__ = [
@@ -211,10 +211,7 @@ def add(
     """ADD's kernel part: the link (:func:`_create`, ``spec`` plus ``mtu`` if set) in the
     container's namespace, then :func:`configure` (``how``: its options); the link is deleted
     again if configuring it fails."""
-    try:
-        fd = netns.open_netns(request.netns)
-    except netns.NetnsError as e:
-        raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+    fd = open_container(request)
     try:
         iface = _create(request, kind, master, fd, {**spec, "mtu": mtu} if mtu else spec)
         try:
@@ -290,10 +287,7 @@ def check(
     once the prevResult is known. ``capitalised``: the plugin's texts start upper-case (1.1.1's
     style, which some plugins keep in v1.9.1); ``prefix`` starts the interface-not-found and MAC
     texts (vlan's ``vlan: ``)."""
-    try:
-        os.close(netns.open_netns(request.netns))
-    except netns.NetnsError as e:
-        raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+    os.close(open_container(request))
     if ipam_type:
         delegate(request, ipam_type, "CHECK")
     prev = prev_result(request)

@@ -70,6 +70,7 @@ from ._common import (
     gc_veths,
     in_netns,
     ipam_result,
+    open_container,
     prev_result,
 )
 from .kernel import ifconfig, layout, links, nft, owned, sysctl
@@ -441,10 +442,7 @@ class BridgePlugin(Plugin):
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request)
-        try:
-            os.close(netns.open_netns(request.netns))
-        except netns.NetnsError as e:
-            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+        os.close(open_container(request))
         delegate(request, conf.ipam_type, "CHECK")
         prev = prev_result(request)
         if prev is None:
