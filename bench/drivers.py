@@ -206,6 +206,7 @@ class RuntimeDriver:
         self.runtime = Runtime(
             path,
             cache_dir=cell.cache_dir,
+            state_dir=os.path.join(cell.dir, "state"),
             backend=backend,
             timeout=TIMEOUT,
             host_netns=cell.host,

@@ -3,9 +3,10 @@
 A :class:`Session` owns one temporary directory and names every namespace it makes
 ``pycni-bench-<run id>-…``. A :meth:`Session.cell` is one measured unit (a throwaway host
 namespace, N container namespaces, a work dir with the IPAM dataDir, the results cache and
-``PYCNI_STATE_DIR``), torn down when its block ends however it ends. :meth:`Session.close`
-waits for in-flight plugin threads, then sweeps any namespace left with the session's prefix
-(a Ctrl-C in the middle of a ``create`` can leave one) and removes the directory. SIGINT,
+pycni's state dir, which the drivers pass to the runtime), torn down when its block ends however
+it ends. :meth:`Session.close` waits for in-flight plugin threads, then sweeps any namespace
+left with the session's prefix (a Ctrl-C in the middle of a ``create`` can leave one) and
+removes the directory. SIGINT,
 SIGTERM and SIGHUP raise KeyboardInterrupt (SIGINT even when a shell started the harness with
 it ignored), so ``finally`` blocks run; signals are ignored while closing, so a second Ctrl-C
 cannot interrupt the cleanup itself.
@@ -44,7 +45,7 @@ class Cell:
     label: str
     host: str
     containers: tuple[str, ...]
-    dir: str  # volatile state (IPAM leases, PYCNI_STATE_DIR, netavark's config): /run on a real host
+    dir: str  # volatile state (IPAM leases, pycni's state dir, netavark's config): /run on a real host
     cache_dir: str  # the results cache: /var/lib/cni on a real host, always on disk
 
 
@@ -165,12 +166,9 @@ class Session:
         tag = f"{self._cells:03d}-{label}"
         work = tempfile.mkdtemp(prefix=f"{tag}-", dir=self.root)
         cache = tempfile.mkdtemp(prefix=f"{tag}-", dir=self.disk_root)
-        saved_state = os.environ.get("PYCNI_STATE_DIR")
         with contextlib.ExitStack() as stack:
             stack.callback(shutil.rmtree, work, True)
             stack.callback(shutil.rmtree, cache, True)
-            stack.callback(_restore_env, "PYCNI_STATE_DIR", saved_state)
-            os.environ["PYCNI_STATE_DIR"] = os.path.join(work, "state")
             host = stack.enter_context(netns.Throwaway(name=f"{self.prefix}{tag}-host"))
             containers = [stack.enter_context(netns.Throwaway(name=f"{self.prefix}{tag}-c{i}")) for i in range(n)]
             yield Cell(label, host.path, tuple(c.path for c in containers), work, cache)
@@ -198,13 +196,6 @@ class Session:
     def root_removed(self) -> bool:
         gone = not os.path.exists(self.root) or (os.path.ismount(self.root) and not os.listdir(self.root))
         return gone and not os.path.exists(self.disk_root)
-
-
-def _restore_env(key: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(key, None)
-    else:
-        os.environ[key] = value
 
 
 def join_netns_threads() -> None:

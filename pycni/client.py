@@ -130,8 +130,8 @@ NamespaceOpt = Callable[[_Namespace], None]
 class CNI:
     """go-cni's ``CNI``; safe to share between threads.
 
-    Beyond go-cni: ``cache_dir``, ``backend`` (exec/inprocess/auto), ``timeout`` and
-    ``host_netns`` are passed to the underlying :class:`~pycni.runtime.Runtime`.
+    Beyond go-cni: ``cache_dir``, ``state_dir``, ``backend`` (exec/inprocess/auto), ``timeout``
+    and ``host_netns`` are passed to the underlying :class:`~pycni.runtime.Runtime`.
     """
 
     def __init__(
@@ -143,6 +143,7 @@ class CNI:
         min_network_count: int = 1,
         plugin_max_conf_num: int = 1,
         cache_dir: str = DEFAULT_CACHE_DIR,
+        state_dir: str | None = None,
         backend: Any = None,
         timeout: float | None = None,
         host_netns: str | None = None,
@@ -153,7 +154,12 @@ class CNI:
         self.min_network_count = min_network_count
         self.plugin_max_conf_num = plugin_max_conf_num
         self.runtime = Runtime(
-            self.plugin_dirs, cache_dir=cache_dir, backend=backend, timeout=timeout, host_netns=host_netns
+            self.plugin_dirs,
+            cache_dir=cache_dir,
+            state_dir=state_dir,
+            backend=backend,
+            timeout=timeout,
+            host_netns=host_netns,
         )
         self._networks: list[Network] = []
         self._lock = threading.RLock()

@@ -104,11 +104,12 @@ def build_config(
 
 
 def build_request(
-    command: str, config: Mapping[str, Any], rt: RuntimeConf | None, path: Sequence[str]
+    command: str, config: Mapping[str, Any], rt: RuntimeConf | None, path: Sequence[str], state_dir: str
 ) -> PluginRequest:
-    """Pair a stdin config with the ``CNI_*`` parameters (empty for GC and STATUS)."""
+    """Pair a stdin config with the ``CNI_*`` parameters (empty for GC and STATUS) and the
+    plugins' state dir."""
     if rt is None:
-        return PluginRequest(command=command, config=config, path=tuple(path))
+        return PluginRequest(command=command, config=config, path=tuple(path), state_dir=state_dir)
     return PluginRequest(
         command=command,
         config=config,
@@ -117,4 +118,5 @@ def build_request(
         ifname=rt.ifname,
         args=format_cni_args(rt.args),
         path=tuple(path),
+        state_dir=state_dir,
     )

@@ -24,6 +24,7 @@ from .config import NetworkConfig, NetworkConfigList, conflist_from_conf
 from .errors import CacheError, CNIError, InvalidArgumentError, MultiError, ResultError, VersionError
 from .failpoints import failpoint
 from .request import Attachment, RuntimeConf, build_config, build_request
+from .sdk import default_state_dir
 from .sdk.invoke import VersionInfo, inheriting
 from .sdk.validate import validate_attachment_key, validate_container_id, validate_network_name
 from .types import AnyResult, convert, parse_result
@@ -67,6 +68,8 @@ class Runtime:
     """Runs network lists for attachments, as libcni's ``CNIConfig``.
 
     ``path``: plugin directories (``CNI_PATH``); ``cache_dir``: results cache root;
+    ``state_dir``: the plugins' own records (in-process: the request's ``state_dir``; exec'd:
+    ``$PYCNI_STATE_DIR``; default :func:`pycni.sdk.default_state_dir`);
     ``backend``: ``exec``, ``inprocess``, ``auto`` or a :class:`~pycni.backends.Backend`;
     ``timeout``: seconds per exec'd plugin call; ``host_netns``: run plugins in that network
     namespace (a path) instead of the caller's; ``strip_capabilities``: drop ``capabilities``
@@ -78,6 +81,7 @@ class Runtime:
         path: Sequence[str] | None = None,
         *,
         cache_dir: str = DEFAULT_CACHE_DIR,
+        state_dir: str | None = None,
         backend: str | Backend | None = None,
         timeout: float | None = None,
         host_netns: str | None = None,
@@ -89,6 +93,7 @@ class Runtime:
             path = env_path.split(":") if env_path else DEFAULT_PLUGIN_PATH
         self.path = tuple(path)
         self.cache = ResultsCache(cache_dir)
+        self.state_dir = state_dir or default_state_dir()
         self.backend = (
             backend
             if backend is not None and not isinstance(backend, str)
@@ -118,7 +123,7 @@ class Runtime:
             return fn(*args)
 
     def _run(self, plugin: NetworkConfig, command: str, config: dict[str, Any], rt: RuntimeConf | None) -> Any:
-        request = build_request(command, config, rt, self.path)
+        request = build_request(command, config, rt, self.path, self.state_dir)
         return self._in_host(self.backend.run, plugin.type, request)
 
     def _config(self, net: NetworkConfigList, plugin: NetworkConfig, **kw: Any) -> dict[str, Any]:
@@ -172,7 +177,7 @@ class Runtime:
                 validate_attachment_key(net.name, rt.container_id, rt.ifname)
                 if self.backend.is_builtin(plugin.type):
                     config = self._config(net, plugin, capability_args=rt.capability_args)
-                    self.backend.validate(plugin.type, build_request("ADD", config, rt, self.path))
+                    self.backend.validate(plugin.type, build_request("ADD", config, rt, self.path, self.state_dir))
             except CNIError as e:
                 raise e.with_context(_describe(plugin, "add")) from e
 

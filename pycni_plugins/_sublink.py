@@ -112,7 +112,7 @@ def _rename(tmp: str, ifname: str) -> links.Link:
 
 def begin(request: PluginRequest, kind: str) -> None:
     """An ADD's first step (:meth:`owned.LinkRecords.begin`), before any look-up that can fail."""
-    owned.LinkRecords(kind).begin(attachment(request), request.netns, request.ifname)
+    owned.LinkRecords(kind, request.state_dir).begin(attachment(request), request.netns, request.ifname)
 
 
 def _create(request: PluginRequest, kind: str, master: Master, fd: int, spec: Mapping[str, Any]) -> Interface:
@@ -134,7 +134,7 @@ def _create(request: PluginRequest, kind: str, master: Master, fd: int, spec: Ma
         with contextlib.suppress(Exception):
             netns.run_in(fd, links.delete_link, tmp)
         raise fail(f'failed to rename {kind} to "{request.ifname}": {e.strerror}') from e
-    owned.LinkRecords(kind).made(attachment(request), fd, link)
+    owned.LinkRecords(kind, request.state_dir).made(attachment(request), fd, link)
     return Interface(request.ifname, link.mac, sandbox=request.netns)
 
 
@@ -233,7 +233,7 @@ def _delete_index(index: int, mac: str) -> None:
 def _delete_owned(request: PluginRequest, kind: str) -> None:
     if not request.netns:
         return
-    link = owned.LinkRecords(kind).container_link(attachment(request), request.netns, request.ifname)
+    link = owned.LinkRecords(kind, request.state_dir).container_link(attachment(request), request.netns, request.ifname)
     if link is None:
         return
     try:
@@ -248,14 +248,14 @@ def _delete_owned(request: PluginRequest, kind: str) -> None:
 def _undo(request: PluginRequest, kind: str) -> None:
     """A failed ADD's undo after :func:`create`: the link it made; its record then names none."""
     _delete_owned(request, kind)
-    owned.LinkRecords(kind).nothing_created(attachment(request))
+    owned.LinkRecords(kind, request.state_dir).nothing_created(attachment(request))
 
 
 def delete(request: PluginRequest, kind: str, ipam_type: str) -> None:
     if ipam_type:
         delegate(request, ipam_type, "DEL")
     _delete_owned(request, kind)
-    owned.LinkRecords(kind).remove(attachment(request).key)
+    owned.LinkRecords(kind, request.state_dir).remove(attachment(request).key)
 
 
 def _read(ifname: str) -> tuple[links.Link | None, dict[str, Any]]:

@@ -50,8 +50,11 @@ __all__ = ["Bandwidth", "BandwidthPlugin", "load_config", "ifb_name"]
 
 _U64 = 2**64
 _KEYS = ("ingressRate", "ingressBurst", "egressRate", "egressBurst")
-#: Per attachment: ``{"attachment", "host", "ifb", "ingress", "egress"}``.
-_RECORDS = Records("bandwidth")
+
+
+def _records(request: PluginRequest) -> Records:
+    """Per attachment: ``{"attachment", "host", "ifb", "ingress", "egress"}``, under the request's state dir."""
+    return Records("bandwidth", request.state_dir)
 
 
 @attrs.frozen
@@ -185,8 +188,8 @@ class BandwidthPlugin(Plugin):
         with links.iproute() as ipr:
             try:
                 record = {"attachment": attrs.asdict(att), "host": host.name, "ifb": ifb}
-                _RECORDS.store(att.key, {**record, "ingress": bw.ingress, "egress": bw.egress})
-                undo.append(lambda: _RECORDS.remove(att.key))
+                _records(request).store(att.key, {**record, "ingress": bw.ingress, "egress": bw.egress})
+                undo.append(lambda: _records(request).remove(att.key))
                 if bw.ingress:
                     try:
                         tc.add_tbf(host.index, tc.tbf_params(bw.ingress_rate, bw.ingress_burst))
@@ -222,14 +225,14 @@ class BandwidthPlugin(Plugin):
     def delete(self, request: PluginRequest) -> None:
         load_config(request)
         att = attachment(request)
-        record = _RECORDS.load(att.key)
+        record = _records(request).load(att.key)
         try:
             if isinstance(record, dict) and isinstance(record.get("host"), str):
                 _remove_host_qdiscs(record)
             links.delete_link(ifb_name(request.network_name, request.container_id))
         except links.LinkError as e:
             raise fail(str(e)) from e
-        _RECORDS.remove(att.key)
+        _records(request).remove(att.key)
 
     def check(self, request: PluginRequest) -> None:
         bw = load_config(request)
@@ -254,8 +257,9 @@ class BandwidthPlugin(Plugin):
         network = request.network_name
         keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid_attachments(request)}
         removed: list[str] = []
-        for name in _RECORDS.names():
-            record = _RECORDS.load(name)
+        records = _records(request)
+        for name in records.names():
+            record = records.load(name)
             if name in keep or not isinstance(record, dict):
                 continue
             if (record.get("attachment") or {}).get("network") != network:
@@ -272,7 +276,7 @@ class BandwidthPlugin(Plugin):
                     links.delete_link(ifb)
             except links.LinkError as e:
                 raise fail(f"failed to remove {ifb}: {e.strerror}") from e
-            _RECORDS.remove(name)
+            records.remove(name)
         return gc_report(removed)
 
 

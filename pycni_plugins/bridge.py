@@ -82,7 +82,6 @@ _IFNAME_BAD = re.compile(r'[/:\s"\\]')
 _MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 _NO_PREV = "Required prevResult missing"
 #: Per attachment: ``{"attachment", "bridge", "bridge_mac", "host"}`` (see the module docstring).
-_LINKS = owned.LinkRecords("bridge")
 _NFT_OWNERS = ("masq", "spoofchk")
 
 
@@ -287,7 +286,8 @@ class BridgePlugin(Plugin):
         self, request: PluginRequest, conf: BridgeConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]
     ) -> Result:
         att = attachment(request)
-        previous = _LINKS.live(att)
+        store = _links(request)
+        previous = store.live(att)
         if previous is not None:
             # Another ADD of this attachment is alive (its veth is there): anything done here
             # would take its record, elements and lease over, and undoing it would free them.
@@ -296,10 +296,10 @@ class BridgePlugin(Plugin):
                 f'(host veth "{previous["host"]}" on bridge "{previous.get("bridge")}"): DEL it first'
             )
         # From here on a failure leaves a record naming no veth: its DEL deletes no interface.
-        undo.append(lambda: _LINKS.nothing_created(att, bridge=conf.bridge))
+        undo.append(lambda: store.nothing_created(att, bridge=conf.bridge))
         try:
             # A bridge someone deleted comes back with the MAC the attachments' results report.
-            mac = _remembered_mac(conf.bridge) if links.ifindex(conf.bridge) is None else None
+            mac = _remembered_mac(store, conf.bridge) if links.ifindex(conf.bridge) is None else None
             br, created = links.ensure_bridge(
                 ipr, conf.bridge, mtu=conf.mtu, vlan_filtering=bool(conf.vlan or conf.vlan_trunk), mac=mac
             )
@@ -311,7 +311,7 @@ class BridgePlugin(Plugin):
         if not br.up:
             links.set_up(ipr, br.index)
         if created and mac is not None:
-            self._reattach(ipr, conf, br, att.network)
+            self._reattach(ipr, conf, br, att.network, store)
         failpoint("bridge.add.after-bridge")
         # Both ends get their MAC here: the result needs no read-back, and udev's
         # MACAddressPolicy=persistent leaves an explicitly set host-side MAC alone.
@@ -319,7 +319,7 @@ class BridgePlugin(Plugin):
 
         def record(host_name: str, attempt: int) -> None:
             entry = {"attachment": attrs.asdict(att), "bridge": conf.bridge, "bridge_mac": br.mac, "host": host_name}
-            _LINKS.store(att.key, entry)
+            store.store(att.key, entry)
             if attempt == 0:
                 failpoint("bridge.add.after-record")
 
@@ -332,8 +332,14 @@ class BridgePlugin(Plugin):
         except links.LinkError as e:
             raise fail(f'failed to setup port "{host_name}" of bridge {conf.bridge}: {e.strerror}') from e
         if conf.macspoofchk:
-            undo.append(lambda: nft.release("spoofchk", att))
-            nft.apply("spoofchk", att, layout.spoofchk_elements(host_name, container_mac), (layout.SPOOFCHK,))
+            undo.append(lambda: nft.release("spoofchk", att, state_dir=request.state_dir))
+            nft.apply(
+                "spoofchk",
+                att,
+                layout.spoofchk_elements(host_name, container_mac),
+                (layout.SPOOFCHK,),
+                state_dir=request.state_dir,
+            )
             failpoint("bridge.add.after-spoofchk")
         container = Interface(request.ifname, container_mac, sandbox=request.netns)
         result = Result("1.1.0", [Interface(br.name, br.mac), Interface(host_name, host_mac), container])
@@ -353,10 +359,10 @@ class BridgePlugin(Plugin):
                 result = attrs.evolve(result, interfaces=[Interface(br.name, final_br.mac), *result.interfaces[1:]])
         return result
 
-    def _reattach(self, ipr: Any, conf: BridgeConfig, br: links.Link, network: str) -> None:
+    def _reattach(self, ipr: Any, conf: BridgeConfig, br: links.Link, network: str, store: owned.LinkRecords) -> None:
         """The bridge was deleted behind our back and has just been re-created: enslave again the
         host veths of the attachments recorded on it that are still there and masterless."""
-        for record in _records():
+        for record in _records(store):
             if record.get("bridge") != conf.bridge or not isinstance(record.get("host"), str):
                 continue
             link = links.get_link(ipr, record["host"])
@@ -414,10 +420,12 @@ class BridgePlugin(Plugin):
             failpoint("bridge.add.after-gateway")
         if conf.ip_masq:
             att = attachment(request)
-            undo.append(lambda: nft.release("masq", att))
+            undo.append(lambda: nft.release("masq", att, state_dir=request.state_dir))
             sections = [layout.MASQ, *{layout.masq_subnet(ip.address.network) for ip in ips}]
             try:
-                nft.apply("masq", att, [layout.masq_element(ip.address) for ip in ips], sections)
+                nft.apply(
+                    "masq", att, [layout.masq_element(ip.address) for ip in ips], sections, state_dir=request.state_dir
+                )
             except nft.NftError as e:
                 raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
             failpoint("bridge.add.after-masq")
@@ -428,17 +436,18 @@ class BridgePlugin(Plugin):
         att = attachment(request)
         # Only what the attachment's record says it made (see kernel.owned): a failed ADD's
         # record names no veth, and an eth0 it did not make is kept.
-        _LINKS.delete(att, request.netns, request.ifname)
+        store = _links(request)
+        store.delete(att, request.netns, request.ifname)
         failpoint("bridge.del.after-link")
         # nftables state first: it comes from the attachment's records, needs neither the
         # netns nor the link, and must not stay behind when IPAM DEL fails.
-        nft.release("spoofchk", att)
-        nft.release("masq", att)
+        nft.release("spoofchk", att, state_dir=request.state_dir)
+        nft.release("masq", att, state_dir=request.state_dir)
         failpoint("bridge.del.after-nft")
         if conf.ipam_type:
             delegate(request, conf.ipam_type, "DEL")
             failpoint("bridge.del.after-ipam")
-        _LINKS.remove(att.key)
+        store.remove(att.key)
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request)
@@ -459,9 +468,17 @@ class BridgePlugin(Plugin):
         skeleton = _masq_skeleton if conf.ip_masq else None
 
         def collect_nft(valid: set[tuple[str, str]], dry: bool) -> list[str]:
-            return nft.gc(request.network_name, valid, _NFT_OWNERS, layout.sections_for, skeleton, dry_run=dry)
+            return nft.gc(
+                request.network_name,
+                valid,
+                _NFT_OWNERS,
+                layout.sections_for,
+                skeleton,
+                state_dir=request.state_dir,
+                dry_run=dry,
+            )
 
-        return gc_veths(request, _LINKS.collect, collect_nft, conf.ipam_type)
+        return gc_veths(request, _links(request).collect, collect_nft, conf.ipam_type)
 
     def status(self, request: PluginRequest) -> None:
         conf = load_config(request)
@@ -469,19 +486,23 @@ class BridgePlugin(Plugin):
             delegate(request, conf.ipam_type, "STATUS")
 
 
-def _records() -> list[dict[str, Any]]:
+def _links(request: PluginRequest) -> owned.LinkRecords:
+    return owned.LinkRecords("bridge", request.state_dir)
+
+
+def _records(store: owned.LinkRecords) -> list[dict[str, Any]]:
     out = []
-    for name in _LINKS.names():
-        record = _LINKS.load(name)
+    for name in store.names():
+        record = store.load(name)
         if isinstance(record, dict):
             out.append(record)
     return out
 
 
-def _remembered_mac(bridge: str) -> str | None:
+def _remembered_mac(store: owned.LinkRecords, bridge: str) -> str | None:
     """The MAC a deleted bridge had, from its attachments' records (O(records): only when the
     bridge has to be created)."""
-    for record in _records():
+    for record in _records(store):
         mac = record.get("bridge_mac")
         if record.get("bridge") == bridge and isinstance(mac, str) and _MAC.fullmatch(mac):
             return mac

@@ -82,7 +82,7 @@ class FirewallPlugin(Plugin):
             # optimistic transaction: ensure the sections first (memoised per namespace for every thread).
             nft.ensure(sections)
             failpoint("firewall.add.after-ensure")
-            nft.apply(_OWNER, attachment(request), elements, sections, shared)
+            nft.apply(_OWNER, attachment(request), elements, sections, shared, state_dir=request.state_dir)
         except nft.ElementConflict as e:
             raise fail(f"failed to add firewall rules: {e.msg}", left_behind(request, prev, "firewall")) from e
         except nft.NftError as e:
@@ -105,7 +105,7 @@ class FirewallPlugin(Plugin):
 
     def delete(self, request: PluginRequest) -> None:
         _config(request)
-        nft.release(_OWNER, attachment(request))
+        nft.release(_OWNER, attachment(request), state_dir=request.state_dir)
 
     def gc(self, request: PluginRequest) -> GCReport:
         """Remove the firewall elements (and records) of this network's attachments not in
@@ -116,7 +116,13 @@ class FirewallPlugin(Plugin):
             valid = valid_attachments(request)
             sections = _sections(admin, policy)
             removed = nft.gc(
-                request.network_name, valid, (_OWNER,), lambda owner, e: sections, lambda: sections, dry_run=dry
+                request.network_name,
+                valid,
+                (_OWNER,),
+                lambda owner, e: sections,
+                lambda: sections,
+                state_dir=request.state_dir,
+                dry_run=dry,
             )
         except nft.NftError as e:
             raise fail(f"failed to collect firewall elements: {e.msg}", e.details) from e

@@ -54,8 +54,11 @@ SYS_BUS_PCI = "/sys/bus/pci/devices"
 SYS_BUS_AUXILIARY = "/sys/bus/auxiliary/devices"
 USERSPACE_DRIVERS = ("vfio-pci", "uio_pci_generic", "igb_uio")
 _MAC = re.compile(r"[0-9a-fA-F]{2}([:-])[0-9a-fA-F]{2}(\1[0-9a-fA-F]{2}){4}")
-#: Per attachment: ``{"attachment", "link", "device", "addresses", "up"}``.
-_MOVED = owned.LinkRecords("host-device")
+
+
+def _moved(request: PluginRequest) -> owned.LinkRecords:
+    """Per attachment: ``{"attachment", "link", "device", "addresses", "up"}``, under the request's state dir."""
+    return owned.LinkRecords("host-device", request.state_dir)
 
 
 class HostDeviceConfig:
@@ -259,12 +262,12 @@ class HostDevicePlugin(Plugin):
             result = Result("1.1.0", interfaces=[iface], ips=ips, routes=ipam.routes)
             return attrs.evolve(result, dns=conf.dns) if conf.dns is not None else result
         att = attachment(request)
-        _MOVED.begin(att, request.netns, request.ifname)
+        _moved(request).begin(att, request.netns, request.ifname)
         device, addrs = _select(conf)
         moved = {"device": device.name, "addresses": addrs, "up": device.up}
         # Named before the move (the kernel keeps its MAC, and its ifindex unless taken there),
         # so a crash right after the move still gives it back; a failed move names none.
-        _MOVED.made(att, fd, device, **moved)
+        _moved(request).made(att, fd, device, **moved)
         try:
             _move_in(device.index, fd, request.ifname, device.name)
         except links.LinkError as e:
@@ -272,24 +275,24 @@ class HostDevicePlugin(Plugin):
             # the container under its host name, which the record already names.
             with contextlib.suppress(Exception):
                 self._give_back(request, fd)
-            _MOVED.nothing_created(att)
+            _moved(request).nothing_created(att)
             raise fail(f'failed to move link failed to move "{device.name}" to container NS: {e.strerror}') from e
         try:
             link = netns.run_in(fd, _up_in_container, request.ifname)
-            _MOVED.made(att, fd, link, **moved)
+            _moved(request).made(att, fd, link, **moved)
             iface = Interface(request.ifname, link.mac, sandbox=request.netns)
             return _sublink.configure(request, fd, iface, conf.ipam_type, conf.dns, notify=False)
         except BaseException:
             with contextlib.suppress(Exception):
                 self._give_back(request, fd)
-            _MOVED.nothing_created(att)
+            _moved(request).nothing_created(att)
             raise
 
     def _give_back(self, request: PluginRequest, fd: int) -> None:
         """Move the device DEL may take (see :meth:`owned.LinkRecords.container_link`) back."""
         att = attachment(request)
-        record = _MOVED.load(att.key)
-        link = _MOVED.container_link(att, request.netns, request.ifname)
+        record = _moved(request).load(att.key)
+        link = _moved(request).container_link(att, request.netns, request.ifname)
         if link is not None:
             record = record if isinstance(record, dict) else {}
             host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
@@ -298,7 +301,7 @@ class HostDevicePlugin(Plugin):
             finally:
                 os.close(host_fd)
             _restore_host(name, list(record.get("addresses") or ()), bool(record.get("up")))
-        _MOVED.remove(att.key)
+        _moved(request).remove(att.key)
 
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)
@@ -308,7 +311,7 @@ class HostDevicePlugin(Plugin):
             fd = netns.open_netns(request.netns)
         except netns.NetnsError as e:
             if netns_gone(e):
-                _MOVED.remove(attachment(request).key)
+                _moved(request).remove(attachment(request).key)
                 return
             raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
         try:

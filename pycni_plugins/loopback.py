@@ -32,8 +32,10 @@ from .kernel.state import Records
 
 __all__ = ["LoopbackPlugin"]
 
-#: Per attachment: ``{"attachment", "brought_up"}`` (see the module docstring).
-_RECORDS = Records("loopback")
+
+def _records(request: PluginRequest) -> Records:
+    """Per attachment: ``{"attachment", "brought_up"}`` (see the module docstring), under the request's state dir."""
+    return Records("loopback", request.state_dir)
 
 
 def _lo_up() -> tuple[bool, list[Any]]:
@@ -70,7 +72,7 @@ class LoopbackPlugin(Plugin):
         att = attachment(request)
         was_down, addrs = in_netns(request.netns, _lo_up)
         # Written after: a crash before it leaves no record, and DEL's rule without one holds.
-        _RECORDS.store(att.key, {"attachment": attrs.asdict(att), "brought_up": was_down})
+        _records(request).store(att.key, {"attachment": attrs.asdict(att), "brought_up": was_down})
         prev = prev_result(request)
         if prev is not None:
             return emit(prev, request)
@@ -85,22 +87,23 @@ class LoopbackPlugin(Plugin):
 
     def delete(self, request: PluginRequest) -> None:
         key = attachment(request).key
-        record = _RECORDS.load(key)
+        record = _records(request).load(key)
         if request.netns and (not isinstance(record, dict) or record.get("brought_up") is not False):
             try:
                 netns.run_in(request.netns, _lo_down, not isinstance(record, dict))
             except netns.NetnsError as e:
                 if not netns_gone(e):
                     raise
-        _RECORDS.remove(key)
+        _records(request).remove(key)
 
     def gc(self, request: PluginRequest) -> GCReport:
         """Remove the records of this network's attachments not in ``cni.dev/valid-attachments``
         (``lo`` itself is left alone: its namespace is gone or still used)."""
         valid = valid_attachments(request)
         removed = []
-        for name in _RECORDS.names():
-            record = _RECORDS.load(name)
+        records = _records(request)
+        for name in records.names():
+            record = records.load(name)
             att = record.get("attachment") if isinstance(record, dict) else None
             if not isinstance(att, dict) or att.get("network") != request.network_name:
                 continue
@@ -108,7 +111,7 @@ class LoopbackPlugin(Plugin):
                 continue
             removed.append(f"pycni state record loopback/{name} of {att.get('container_id')}/{att.get('ifname')}")
             if not dry_run(request):
-                _RECORDS.remove(name)
+                records.remove(name)
         return gc_report(removed)
 
     def check(self, request: PluginRequest) -> None:

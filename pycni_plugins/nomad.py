@@ -127,9 +127,11 @@ def _owned_by(network: str, container_id: str, key: str, group: dict[str, Any]) 
     return parts[2] == safe[2] and parts[3] == safe[3]
 
 
-def remove_container(network: str, container_id: str) -> list[str]:
-    """Remove every pycni element and state record of ``container_id`` on ``network`` (any
-    interface, any owner) in the calling thread's namespace; returns what was removed."""
+def remove_container(network: str, container_id: str, state_dir: str) -> list[str]:
+    """Remove every pycni element and state record (under ``state_dir``) of ``container_id`` on
+    ``network`` (any interface, any owner) in the calling thread's namespace; returns what was removed."""
     return nft.remove_attachments(
-        lambda key, group: _owned_by(network, container_id, key, group), f"{container_id} on {network}"
+        lambda key, group: _owned_by(network, container_id, key, group),
+        f"{container_id} on {network}",
+        state_dir=state_dir,
     )

@@ -264,16 +264,16 @@ class PortmapPlugin(Plugin):
             conflict = _shadowed(att, wildcard)
             if conflict is not None:
                 raise conflict
-            previous = nft.recorded(_OWNER, att)
-            nft.apply(_OWNER, att, elements, sections, absent=specific)
+            previous = nft.recorded(_OWNER, att, state_dir=request.state_dir)
+            nft.apply(_OWNER, att, elements, sections, absent=specific, state_dir=request.state_dir)
             # A host-IP-specific ADD probes the every-address key in its own transaction; this
             # side can only look after its commit, so of two racing ADDs one always sees the other.
             conflict = _shadowed(att, wildcard)
             if conflict is not None:
                 if previous is None:
-                    nft.release(_OWNER, att)
+                    nft.release(_OWNER, att, state_dir=request.state_dir)
                 else:
-                    nft.apply(_OWNER, att, previous, sections)
+                    nft.apply(_OWNER, att, previous, sections, state_dir=request.state_dir)
                 raise conflict
         except nft.ElementConflict as e:
             raise _conflict(e, request, prev) from e
@@ -308,7 +308,7 @@ class PortmapPlugin(Plugin):
             raise fail(f"host ports not published: {problems[0]}", "; ".join(problems[1:]))
 
     def delete(self, request: PluginRequest) -> None:
-        nft.release(_OWNER, attachment(request))
+        nft.release(_OWNER, attachment(request), state_dir=request.state_dir)
 
     def gc(self, request: PluginRequest) -> GCReport:
         """Remove the host-port and hairpin elements (and records) of this network's attachments
@@ -317,7 +317,15 @@ class PortmapPlugin(Plugin):
         dry = dry_run(request)
         try:
             valid = valid_attachments(request)
-            removed = nft.gc(request.network_name, valid, (_OWNER,), layout.sections_for, _skeleton, dry_run=dry)
+            removed = nft.gc(
+                request.network_name,
+                valid,
+                (_OWNER,),
+                layout.sections_for,
+                _skeleton,
+                state_dir=request.state_dir,
+                dry_run=dry,
+            )
         except nft.NftError as e:
             raise fail(f"failed to collect host ports: {e.msg}", e.details) from e
         return gc_report(removed)

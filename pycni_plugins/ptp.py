@@ -66,7 +66,6 @@ from .kernel import ifconfig, layout, links, nft, owned, sysctl
 __all__ = ["PtpConfig", "PtpPlugin", "load_config"]
 
 #: Per attachment: ``{"attachment", "host"}`` (the host veth's name; see :mod:`.kernel.owned`).
-_LINKS = owned.LinkRecords("ptp")
 
 
 @attrs.frozen
@@ -137,6 +136,10 @@ def _check_container(iface: Interface, ifname: str, prev: Result) -> None:
 # --- the plugin -------------------------------------------------------------------------------
 
 
+def _links(request: PluginRequest) -> owned.LinkRecords:
+    return owned.LinkRecords("ptp", request.state_dir)
+
+
 class PtpPlugin(Plugin):
     type = "ptp"
 
@@ -152,7 +155,8 @@ class PtpPlugin(Plugin):
 
     def _add(self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]) -> Result:
         att = attachment(request)
-        previous = _LINKS.live(att)
+        store = _links(request)
+        previous = store.live(att)
         if previous is not None:
             # Another ADD of this attachment is alive (its veth is there): anything done here
             # would take its record, elements and lease over, and undoing it would free them.
@@ -161,7 +165,7 @@ class PtpPlugin(Plugin):
                 f'(host veth "{previous["host"]}"): DEL it first'
             )
         # From here on a failure leaves a record naming no veth: its DEL deletes no interface.
-        undo.append(lambda: _LINKS.nothing_created(att))
+        undo.append(lambda: store.nothing_created(att))
         raw = delegate(request, conf.ipam_type, "ADD")
         # Only now: a refused IPAM ADD leased nothing, and its DEL would free another ADD's lease.
         undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
@@ -180,7 +184,7 @@ class PtpPlugin(Plugin):
         container_mac = links.random_mac()
 
         def record(host_name: str, attempt: int) -> None:
-            _LINKS.store(att.key, {"attachment": attrs.asdict(att), "host": host_name})
+            store.store(att.key, {"attachment": attrs.asdict(att), "host": host_name})
 
         host_name, host_mac = add_veth(ipr, request, fd, container_mac, conf.mtu, None, record)
         undo.append(lambda: links.delete_link(host_name))
@@ -205,9 +209,15 @@ class PtpPlugin(Plugin):
                 if e.errno != errno.EEXIST:
                     raise fail(f"failed to add route on host: {e.strerror}") from e
         if conf.ip_masq:
-            undo.append(lambda: nft.release("masq", att))
+            undo.append(lambda: nft.release("masq", att, state_dir=request.state_dir))
             try:
-                nft.apply("masq", att, [layout.masq_element(ip.address) for ip in ips], _masq_sections(ips))
+                nft.apply(
+                    "masq",
+                    att,
+                    [layout.masq_element(ip.address) for ip in ips],
+                    _masq_sections(ips),
+                    state_dir=request.state_dir,
+                )
             except nft.NftError as e:
                 raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
         return result
@@ -217,11 +227,12 @@ class PtpPlugin(Plugin):
         att = attachment(request)
         # Only what the attachment's record says it made (see kernel.owned): a failed ADD's
         # record names no veth, and an eth0 it did not make is kept.
-        _LINKS.delete(att, request.netns, request.ifname)
-        nft.release("masq", att)
+        store = _links(request)
+        store.delete(att, request.netns, request.ifname)
+        nft.release("masq", att, state_dir=request.state_dir)
         if conf.ipam_type:
             delegate(request, conf.ipam_type, "DEL")
-        _LINKS.remove(att.key)
+        store.remove(att.key)
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request)
@@ -246,9 +257,9 @@ class PtpPlugin(Plugin):
         conf = load_config(request)
 
         def collect_nft(valid: set[tuple[str, str]], dry: bool) -> list[str]:
-            return nft.collect(request.network_name, valid, ("masq",), dry_run=dry)
+            return nft.collect(request.network_name, valid, ("masq",), state_dir=request.state_dir, dry_run=dry)
 
-        return gc_veths(request, _LINKS.collect, collect_nft, conf.ipam_type)
+        return gc_veths(request, _links(request).collect, collect_nft, conf.ipam_type)
 
     def status(self, request: PluginRequest) -> None:
         conf = load_config(request)

@@ -24,7 +24,7 @@ replace ``IFNAME``). Where pycni differs, on purpose:
 * duplicate keys in ``sysctl`` are not detected: the config reaches the plugin decoded (the
   last one wins); upstream refuses them;
 * the backup is a pycni state record (``tuning/<containerID>_<ifname>`` below
-  ``$PYCNI_STATE_DIR``, or below ``<dataDir>/tuning/`` when ``dataDir`` is set), and a second
+  the request's state dir, or below ``<dataDir>/tuning/`` when ``dataDir`` is set), and a second
   ADD of the same attachment keeps the values the first one saved (upstream overwrites them
   with the already-tuned ones). DEL removes the record also when the namespace or the interface
   is gone (upstream leaves the file behind), and GC removes the records of this network's
@@ -173,8 +173,8 @@ def _validate(request: PluginRequest) -> tuple[TuningConfig, list[tuple[str, str
     return conf, resolved
 
 
-def _records(conf: TuningConfig) -> Records:
-    return Records("tuning", os.path.join(conf.data_dir, "tuning") if conf.data_dir else None)
+def _records(request: PluginRequest, conf: TuningConfig) -> Records:
+    return Records("tuning", os.path.join(conf.data_dir, "tuning") if conf.data_dir else request.state_dir)
 
 
 def _record_name(request: PluginRequest) -> str:
@@ -345,7 +345,7 @@ class TuningPlugin(Plugin):
         prev = prev_result(request)
         if prev is None:
             raise fail(_NO_PREV)
-        in_netns(request.netns, _apply, request, conf, resolved, _records(conf))
+        in_netns(request.netns, _apply, request, conf, resolved, _records(request, conf))
         if conf.mac:
             prev = attrs.evolve(
                 prev,
@@ -361,7 +361,7 @@ class TuningPlugin(Plugin):
 
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)
-        records = _records(conf)
+        records = _records(request, conf)
         name = _record_name(request)
         record = records.load(name)
         if not isinstance(record, dict):
@@ -377,7 +377,7 @@ class TuningPlugin(Plugin):
 
     def gc(self, request: PluginRequest) -> GCReport:
         conf = load_config(request)
-        records = _records(conf)
+        records = _records(request, conf)
         valid = {f"{cid}_{ifname}" for cid, ifname in valid_attachments(request)}
         removed = []
         for name in records.names():

@@ -14,7 +14,7 @@ from ..runtime import DEFAULT_PLUGIN_PATH
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["CNIFailure", "Group", "backend_option", "cache_dir_option", "plugin_path_option"]
+__all__ = ["CNIFailure", "Group", "backend_option", "cache_dir_option", "state_dir_option", "plugin_path_option"]
 
 
 class CNIFailure(click.ClickException):
@@ -58,6 +58,15 @@ def cache_dir_option() -> Callable[[F], F]:
         default=DEFAULT_CACHE_DIR,
         show_default=True,
         help="Results cache root [$PYCNI_CACHE_DIR].",
+    )
+
+
+def state_dir_option() -> Callable[[F], F]:
+    # No envvar here: the runtime resolves $PYCNI_STATE_DIR (pycni.sdk.default_state_dir).
+    return click.option(
+        "--state-dir",
+        default=None,
+        help="The plugins' state dir [$PYCNI_STATE_DIR, else /run/pycni].",
     )
 
 

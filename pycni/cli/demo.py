@@ -25,6 +25,7 @@ import click
 from ._base import WITH_PACKAGED_PLUGINS, backend_option, plugin_path_option
 
 if TYPE_CHECKING:
+    from ..config import NetworkConfigList
     from ..types import AnyResult
 
 T = TypeVar("T")
@@ -66,18 +67,21 @@ class _Steps:
 
 
 @contextmanager
-def _state_dir() -> Iterator[str]:
+def _demo_dir() -> Iterator[str]:
+    """A private temp dir for all of the demo's state (cache, plugin state, IPAM leases)."""
     root = tempfile.mkdtemp(prefix="pycni-demo-")
-    saved = os.environ.get("PYCNI_STATE_DIR")
-    os.environ["PYCNI_STATE_DIR"] = os.path.join(root, "state")
     try:
         yield root
     finally:
-        if saved is None:
-            os.environ.pop("PYCNI_STATE_DIR", None)
-        else:
-            os.environ["PYCNI_STATE_DIR"] = saved
         shutil.rmtree(root, ignore_errors=True)
+
+
+def demo_network(root: str) -> NetworkConfigList:
+    """The embedded default network with its IPAM leases under ``root``."""
+    from ..config import conflist_from_bytes
+    from .runtime_commands import embedded_network
+
+    return conflist_from_bytes(embedded_network(os.path.join(root, "ipam")), source="<embedded nomad network>")
 
 
 def _describe(result: AnyResult) -> str:
@@ -97,20 +101,16 @@ def _describe(result: AnyResult) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Also print each ADD result as JSON.")
 def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     """Run the embedded default network over two throwaway containers and prove it works."""
-    from .. import _json, netns, probes
-    from ..config import conflist_from_bytes
+    from .. import netns, probes
     from ..request import RuntimeConf
     from ..runtime import Runtime
     from ..sdk import builtin_plugin
     from ..types import convert
-    from .runtime_commands import embedded_network
 
     steps = _Steps()
     with ExitStack() as stack:
-        root = stack.enter_context(_state_dir())
-        raw = _json.loads(embedded_network())
-        raw["plugins"][1]["ipam"]["dataDir"] = os.path.join(root, "ipam")
-        network = conflist_from_bytes(_json.dumps_compact(raw).encode(), source="<embedded nomad network>")
+        root = stack.enter_context(_demo_dir())
+        network = demo_network(root)
         types = [p.type for p in network.plugins]
         inproc = [t for t in types if backend != "exec" and builtin_plugin(t) is not None]
         click.echo(f"pycni demo: network {network.name!r} ({network.cni_version}): {' → '.join(types)}")
@@ -126,6 +126,7 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
         runtime = Runtime(
             plugin_path.split(":"),
             cache_dir=os.path.join(root, "cache"),
+            state_dir=os.path.join(root, "state"),
             backend=backend,
             timeout=30,
             host_netns=host.path,
@@ -180,7 +181,7 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
         if inproc:
             from ..sdk import hooks
 
-            left = netns.run_in(host.path, hooks.hook(hooks.NFT_ATTACHMENTS))
+            left = netns.run_in(host.path, hooks.hook(hooks.NFT_ATTACHMENTS), runtime.state_dir)
             steps.expect("after DEL: no nftables elements of either container", not left)
     click.echo("  namespaces and state removed")
     if steps.failed:

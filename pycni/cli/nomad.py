@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from ._base import WITH_PACKAGED_PLUGINS, Group, backend_option, cache_dir_option, plugin_path_option
+from ._base import WITH_PACKAGED_PLUGINS, Group, backend_option, cache_dir_option, plugin_path_option, state_dir_option
 
 if TYPE_CHECKING:
     from ..nomad.models import Allocation, Node
@@ -134,6 +134,7 @@ def _run_options(fn: Any) -> Any:
         plugin_path_option(WITH_PACKAGED_PLUGINS, "--cni-path"),
         backend_option(),
         cache_dir_option(),
+        state_dir_option(),
         click.option("--host-netns", default=None, help="Run the plugins in this network namespace (a path)."),
     ]
     for option in reversed(options):
@@ -148,16 +149,22 @@ def _configurator(opts: dict[str, Any], alloc: Allocation) -> Any:
     from ..nomad import BridgeNetworkConfigurator, NetworkConfigurator, make_client
     from ..nomad.cleanup import force_cleanup
     from ..nomad.conflist import validate_subnets
+    from ..sdk import default_state_dir
 
     cni_mode = bool(opts["conf_dir"] or opts["network"])
     if cni_mode and not (opts["conf_dir"] and opts["network"]):
         raise click.UsageError("--conf-dir and --network go together")
     if not cni_mode:
         validate_subnets(opts["subnet"], opts["subnet_ipv6"])
+    state_dir = opts["state_dir"] or default_state_dir()  # the runtime and forced cleanup share it
     client = make_client(
-        opts["plugin_path"], cache_dir=opts["cache_dir"], backend=opts["backend"], host_netns=opts["host_netns"]
+        opts["plugin_path"],
+        cache_dir=opts["cache_dir"],
+        state_dir=state_dir,
+        backend=opts["backend"],
+        host_netns=opts["host_netns"],
     )
-    cleanup = functools.partial(force_cleanup, host_netns=opts["host_netns"], own_state=_own_state())
+    cleanup = functools.partial(force_cleanup, host_netns=opts["host_netns"], own_state=_own_state(state_dir))
     node = _node(opts.pop("node_file"))
     if cni_mode:
         return NetworkConfigurator(client, (opts["conf_dir"], opts["network"]), node, cleanup=cleanup)
@@ -174,12 +181,13 @@ def _configurator(opts: dict[str, Any], alloc: Allocation) -> Any:
     )
 
 
-def _own_state() -> Any:
-    """pycni's own kernel state of the alloc, removed by forced cleanup (the plugins' hook)."""
+def _own_state(state_dir: str) -> Any:
+    """pycni's own kernel state of the alloc (records under ``state_dir``), removed by forced
+    cleanup (the plugins' hook)."""
     from ..sdk import hooks
 
     remove = hooks.hook(hooks.FORCED_CLEANUP)
-    return lambda network, alloc_id: tuple(remove(network, alloc_id))
+    return lambda network, alloc_id: tuple(remove(network, alloc_id, state_dir))
 
 
 @nomad.command()

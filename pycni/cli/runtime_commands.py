@@ -18,7 +18,7 @@ import click
 from .. import _json, config
 from ..errors import CNIError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
 from ..sdk import parse_cni_args
-from ._base import backend_option, cache_dir_option, plugin_path_option
+from ._base import backend_option, cache_dir_option, plugin_path_option, state_dir_option
 
 if TYPE_CHECKING:  # imported where used: the CLI loads the runtime lazily
     from ..request import Attachment, RuntimeConf
@@ -46,11 +46,12 @@ def load_network(conf_dir: str, name: str) -> config.NetworkConfigList:
     return config.conflist_from_bytes(embedded_network(), source="<embedded nomad network>")
 
 
-def embedded_network() -> bytes:
-    """Nomad's default bridge conflist (nomad, 172.26.64.0/20, loopback/bridge/firewall/portmap)."""
-    from ..nomad.conflist import BridgeConfig, bridge_conflist
+def embedded_network(ipam_data_dir: str | None = None) -> bytes:
+    """Nomad's default bridge conflist (nomad, 172.26.64.0/20, loopback/bridge/firewall/portmap),
+    its IPAM leases in ``ipam_data_dir`` (default: Nomad's)."""
+    from ..nomad.conflist import DEFAULT_IPAM_DATA_DIR, BridgeConfig, bridge_conflist
 
-    return bridge_conflist(BridgeConfig().with_defaults())
+    return bridge_conflist(BridgeConfig(ipam_data_dir=ipam_data_dir or DEFAULT_IPAM_DATA_DIR).with_defaults())
 
 
 def _timeout_option(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -68,6 +69,7 @@ def _runtime(opts: dict[str, Any]) -> Runtime:
     return Runtime(
         opts["plugin_path"].split(":") if opts["plugin_path"] else None,
         cache_dir=opts["cache_dir"],
+        state_dir=opts["state_dir"],
         backend=opts["backend"],
         timeout=opts["timeout"],
     )
@@ -121,6 +123,7 @@ def _common(fn: F) -> F:
         click.option("--args", envvar="CNI_ARGS", default="", help="CNI_ARGS, K=V;K2=V2 [$CNI_ARGS]."),
         click.option("--cap-args", envvar="CAP_ARGS", default="", help="Capability args, a JSON object [$CAP_ARGS]."),
         cache_dir_option(),
+        state_dir_option(),
         click.option(
             "--timeout",
             type=float,

@@ -27,12 +27,15 @@ __all__ = [
     "DEFAULT_BRIDGE_NAME",
     "DEFAULT_SUBNET",
     "ADMIN_CHAIN",
+    "DEFAULT_IPAM_DATA_DIR",
 ]
 
 NETWORK_NAME = "nomad"
 DEFAULT_BRIDGE_NAME = "nomad"
 DEFAULT_SUBNET = "172.26.64.0/20"
 ADMIN_CHAIN = "NOMAD-ADMIN"
+#: On tmpfs: IPAM leases must not survive a reboot (their netns do not).
+DEFAULT_IPAM_DATA_DIR = "/var/run/cni"
 _PREFIX_LEN = re.compile(r"[0-9]+")
 
 
@@ -45,6 +48,9 @@ class BridgeConfig:
     ipv6_subnet: str = ""
     hairpin_mode: bool = False
     consul_cni: bool = False
+    #: Not in Nomad's struct (Nomad always writes /var/run/cni): for callers that keep IPAM
+    #: leases elsewhere, such as ``pycni demo``.
+    ipam_data_dir: str = DEFAULT_IPAM_DATA_DIR
 
     def with_defaults(self) -> BridgeConfig:
         """Empty bridge name and IPv4 subnet replaced by ``nomad`` and ``172.26.64.0/20``."""
@@ -68,8 +74,7 @@ def bridge_conflist(conf: BridgeConfig) -> bytes:
             "isGateway": True,
             "forceAddress": True,
             "hairpinMode": conf.hairpin_mode,
-            # dataDir on tmpfs: IPAM leases must not survive a reboot (their netns do not).
-            "ipam": {"type": "host-local", "ranges": ranges, "routes": routes, "dataDir": "/var/run/cni"},
+            "ipam": {"type": "host-local", "ranges": ranges, "routes": routes, "dataDir": conf.ipam_data_dir},
         },
         {"type": "firewall", "backend": "iptables", "iptablesAdminChainName": ADMIN_CHAIN},
         {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},

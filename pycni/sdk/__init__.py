@@ -26,16 +26,19 @@ from .plugin import (
     environment,
     internal_errors,
 )
-from .request import PluginRequest
+from .request import DEFAULT_STATE_DIR, STATE_DIR_ENV, PluginRequest, default_state_dir
 from .validate import validate_attachment_key, validate_container_id, validate_ifname, validate_network_name
 
 __all__ = [
     "COMMANDS",
+    "DEFAULT_STATE_DIR",
+    "STATE_DIR_ENV",
     "GCReport",
     "Plugin",
     "PluginRequest",
     "builtin_plugin",
     "builtin_plugins",
+    "default_state_dir",
     "delegate",
     "environ",
     "environment",

@@ -26,13 +26,15 @@ __all__ = [
 ]
 
 HOOK_GROUP = "pycni.hooks"
-#: ``(network, container_id) -> list[str]``: remove pycni's own kernel state of every interface
-#: of the container on the network (forced cleanup after a failed DEL); what it removed.
+#: ``(network, container_id, state_dir) -> list[str]``: remove pycni's own kernel state of every
+#: interface of the container on the network, and its records under ``state_dir`` (forced
+#: cleanup after a failed DEL); what it removed.
 FORCED_CLEANUP = "forced-cleanup"
 #: ``(admin_chain, bridge, ipv4_subnet, ipv6_subnet) -> None``: Nomad's ``ensureForwardingRules``
 #: in the calling thread's namespace; bad names and subnets raise ConfigError before any change.
 FORWARDING_RULES = "forwarding-rules"
-#: ``() -> dict[str, dict]``: pycni's nftables elements grouped by attachment key.
+#: ``(state_dir) -> dict[str, dict]``: pycni's nftables elements (and the records under
+#: ``state_dir``) grouped by attachment key.
 NFT_ATTACHMENTS = "nft-attachments"
 #: ``(family, table) -> list[dict] | None``: the JSON objects of a table (None: no such table).
 NFT_LIST_TABLE = "nft-list-table"

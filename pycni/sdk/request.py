@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,12 +12,23 @@ import attrs
 from .. import _json
 from .args import load_args
 
-__all__ = ["PluginRequest"]
+__all__ = ["PluginRequest", "DEFAULT_STATE_DIR", "STATE_DIR_ENV", "default_state_dir"]
+
+DEFAULT_STATE_DIR = "/run/pycni"
+#: How an exec'd plugin (and the daemon, from the forwarded env) learns the state dir.
+STATE_DIR_ENV = "PYCNI_STATE_DIR"
+
+
+def default_state_dir(env: Mapping[str, str] | None = None) -> str:
+    """The plugins' state dir when none is given: ``$PYCNI_STATE_DIR`` of ``env`` (default
+    ``os.environ``), else :data:`DEFAULT_STATE_DIR`. The one place the variable is read."""
+    return (os.environ if env is None else env).get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
 
 
 @attrs.frozen
 class PluginRequest:
-    """One plugin invocation: the six ``CNI_*`` parameters and the decoded stdin ``config``."""
+    """One plugin invocation: the six ``CNI_*`` parameters, the decoded stdin ``config`` and
+    the directory of the plugins' own records (``state_dir``; exec'd: ``$PYCNI_STATE_DIR``)."""
 
     command: str
     config: Mapping[str, Any]
@@ -25,6 +37,7 @@ class PluginRequest:
     ifname: str = ""
     args: str = ""
     path: tuple[str, ...] = ()
+    state_dir: str = attrs.field(factory=default_state_dir)
 
     @property
     def cni_version(self) -> str:
@@ -61,4 +74,5 @@ class PluginRequest:
             "CNI_IFNAME": self.ifname,
             "CNI_ARGS": self.args,
             "CNI_PATH": ":".join(self.path),
+            STATE_DIR_ENV: self.state_dir,
         }

@@ -37,7 +37,7 @@ from .._json import go_escape, go_field
 from ..errors import CNIError, ErrorCode
 from .invoke import PARENT_PID_ENV
 from .plugin import Plugin, builtin_plugin, internal_errors
-from .request import PluginRequest
+from .request import PluginRequest, default_state_dir
 from .validate import NAME_PATTERN, validate_attachment_key, validate_container_id
 
 __all__ = ["run", "respond", "error_output", "main"]
@@ -90,6 +90,7 @@ def _request(env: Mapping[str, str], stdin: bytes) -> PluginRequest:
         ifname=env.get("CNI_IFNAME", ""),
         args=env.get("CNI_ARGS", ""),
         path=path,
+        state_dir=default_state_dir(env),
     )
 
 

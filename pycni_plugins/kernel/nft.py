@@ -110,7 +110,6 @@ __all__ = [
 
 TABLE = "pycni"
 FAMILIES = ("inet", "bridge")
-_RECORDS = Records("nft")
 _EPOCH = "epoch"
 _COMMENT_MAX = 127
 _READ_RETRIES = 50
@@ -256,10 +255,10 @@ class _Memo:
     sections verified (monotonic time per section), and whether the state dir is authoritative."""
 
     ensured: dict[tuple[str, str], float] = attrs.Factory(dict)
-    authoritative: tuple[float, bool] | None = None
+    authoritative: dict[str, tuple[float, bool]] = attrs.Factory(dict)  # by state dir
 
     def stale(self, now: float) -> bool:
-        times = [*self.ensured.values(), *(self.authoritative[:1] if self.authoritative else ())]
+        times = [*self.ensured.values(), *(t for t, _ in self.authoritative.values())]
         return all(now - t >= VERIFY_EVERY for t in times)
 
 
@@ -358,7 +357,11 @@ def _create(s: Section) -> None:
         pass
 
 
-def _commit(commands: list[str], sections: Sequence[Section]) -> None:
+def _records(state_dir: str) -> Records:
+    return Records("nft", state_dir)
+
+
+def _commit(commands: list[str], sections: Sequence[Section], records: Records) -> None:
     try:
         run(commands)
     except ElementConflict:
@@ -369,7 +372,7 @@ def _commit(commands: list[str], sections: Sequence[Section]) -> None:
         # Something is missing: the table is new (first use, or someone deleted or flushed
         # pycni's table), so the skeleton is rebuilt and the state dir may claim the table.
         ensure(sections, force=True)
-        _reclaim()
+        _reclaim(records)
         run(commands)
 
 
@@ -377,9 +380,9 @@ def _record_name(attachment: Attachment, owner: str) -> str:
     return f"{attachment.key}.{owner}"
 
 
-def _load(attachment: Attachment, owner: str) -> tuple[list[Element], list[Element]] | None:
+def _load(records: Records, attachment: Attachment, owner: str) -> tuple[list[Element], list[Element]] | None:
     """The attachment's confirmed and pending elements (see the module docstring), or ``None``."""
-    rec = _RECORDS.load(_record_name(attachment, owner))
+    rec = records.load(_record_name(attachment, owner))
     if rec is None:
         return None
     return [Element.from_json(r) for r in rec.get("elements", ())], [
@@ -387,18 +390,20 @@ def _load(attachment: Attachment, owner: str) -> tuple[list[Element], list[Eleme
     ]
 
 
-def _epoch() -> str | None:
-    rec = _RECORDS.load(_EPOCH)
+def _epoch(records: Records) -> str | None:
+    rec = records.load(_EPOCH)
     return rec if isinstance(rec, str) else None
 
 
-def _store(attachment: Attachment, owner: str, elements: Iterable[Element], pending: Iterable[Element] = ()) -> None:
-    if _epoch() is None:
-        _claim()
+def _store(
+    records: Records, attachment: Attachment, owner: str, elements: Iterable[Element], pending: Iterable[Element] = ()
+) -> None:
+    if _epoch(records) is None:
+        _claim(records)
     record = {"attachment": attrs.asdict(attachment), "owner": owner, "elements": [e.to_json() for e in elements]}
     if pending:
         record["pending"] = [e.to_json() for e in pending]
-    _RECORDS.store(_record_name(attachment, owner), record)
+    records.store(_record_name(attachment, owner), record)
 
 
 def _epoch_tokens() -> list[str] | None:
@@ -414,28 +419,28 @@ def _epoch_tokens() -> list[str] | None:
     return []
 
 
-def _claim() -> None:
+def _claim(records: Records) -> None:
     """First record in this state dir: tie the dir to this table instance (see _authoritative),
     unless another state dir already claimed the table: then its elements may be recorded
     elsewhere, and this dir never becomes authoritative (DEL without a record searches)."""
     token = secrets.token_hex(7)
-    if not _RECORDS.create(_EPOCH, token):
+    if not records.create(_EPOCH, token):
         return  # a concurrent first writer won; its token stands
     if _epoch_tokens():
         return
     run([f"add table inet {TABLE}", f"add set inet {TABLE} {_EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
-    _memo().authoritative = None
+    _memo().authoritative.clear()
 
 
-def _reclaim() -> None:
+def _reclaim(records: Records) -> None:
     """After the skeleton had to be rebuilt: when the table's epoch set is gone or empty (a new
     table instance nobody claimed), every element in it was added since, with a record in this
     state dir, so the dir's token is put back and DEL may trust a missing record again."""
-    token = _epoch()
+    token = _epoch(records)
     if token is None or holder(_epoch_element(token)) is not None or _epoch_tokens():
         return
     run([f"add set inet {TABLE} {_EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
-    _memo().authoritative = None
+    _memo().authoritative.clear()
 
 
 def _drop(elements: Iterable[Element]) -> list[str]:
@@ -469,8 +474,11 @@ def apply(
     sections: Sequence[Section] = (),
     shared: Sequence[Element] = (),
     absent: Sequence[Element] = (),
+    *,
+    state_dir: str,
 ) -> None:
-    """Make ``elements`` the attachment's elements for ``owner``, in one transaction.
+    """Make ``elements`` the attachment's elements for ``owner``, in one transaction, with the
+    record under ``state_dir``.
 
     Elements recorded by an earlier ADD of the same attachment and not wanted now are removed
     in the same transaction. The record is written before the commit (the new elements as
@@ -483,11 +491,12 @@ def apply(
     """
     if sections:
         ensure(sections)  # a no-op within VERIFY_EVERY of the last verification
-    loaded = _load(attachment, owner)
+    records = _records(state_dir)
+    loaded = _load(records, attachment, owner)
     old = _owned(attachment, loaded)
     wanted = list(dict.fromkeys(elements))
     stale = [e for e in old if e not in wanted]
-    _store(attachment, owner, [*stale, *(e for e in wanted if e in old)], [e for e in wanted if e not in old])
+    _store(records, attachment, owner, [*stale, *(e for e in wanted if e in old)], [e for e in wanted if e not in old])
     failpoint(f"nft.apply.{owner}.after-record")
     comment = attachment.comment(owner)
     extra = [e.add() for e in shared]
@@ -495,7 +504,7 @@ def apply(
     probes = [e for e in absent if (e.family, e.set, e.key) not in keys]
     try:
         try:
-            _commit([*_drop(stale), *(e.create(comment) for e in wanted), *_probe(probes), *extra], sections)
+            _commit([*_drop(stale), *(e.create(comment) for e in wanted), *_probe(probes), *extra], sections, records)
         except ElementConflict:
             conflict = _conflict(attachment, [*wanted, *probes])
             if conflict is not None:
@@ -504,14 +513,14 @@ def apply(
             prefix = attachment.key + " "
             ours = {e for e in [*wanted, *probes] if (holder(e) or "").startswith(prefix)}
             again = [e.add(comment) if e in ours else e.create(comment) for e in wanted]
-            _commit([*_drop(stale), *again, *_probe([e for e in probes if e not in ours]), *extra], sections)
+            _commit([*_drop(stale), *again, *_probe([e for e in probes if e not in ours]), *extra], sections, records)
     except BaseException:
         if loaded is not None:
-            _store(attachment, owner, *loaded)
+            _store(records, attachment, owner, *loaded)
         else:
-            _RECORDS.remove(_record_name(attachment, owner))
+            records.remove(_record_name(attachment, owner))
         raise
-    _store(attachment, owner, wanted)
+    _store(records, attachment, owner, wanted)
 
 
 def _probe(elements: Iterable[Element]) -> list[str]:
@@ -531,9 +540,9 @@ def map_elements(family: str, name: str) -> list[Found]:
     return found
 
 
-def recorded(owner: str, attachment: Attachment) -> list[Element] | None:
+def recorded(owner: str, attachment: Attachment, *, state_dir: str) -> list[Element] | None:
     """The attachment's committed elements for ``owner`` (``None``: no record)."""
-    loaded = _load(attachment, owner)
+    loaded = _load(_records(state_dir), attachment, owner)
     return None if loaded is None else _owned(attachment, loaded)
 
 
@@ -550,7 +559,7 @@ def _epoch_element(token: str) -> Element:
     return Element(_EPOCH, f'"{token}"')
 
 
-def _authoritative() -> bool:
+def _authoritative(records: Records) -> bool:
     """Whether the state dir's records describe this table: then a missing record means "no
     elements" (a repeated DEL) and the O(n) search by comment can be skipped. The first record
     written to a state dir puts a random token both in the dir and in ``set inet pycni epoch``;
@@ -559,20 +568,21 @@ def _authoritative() -> bool:
     # for each owner, and the answer only changes when someone rebuilds the table.
     memo = _memo()
     now = time.monotonic()
-    cached = memo.authoritative
+    cached = memo.authoritative.get(records.root)
     if cached is not None and now - cached[0] < VERIFY_EVERY:
         return cached[1]
-    token = _epoch()
+    token = _epoch(records)
     answer = token is not None and holder(_epoch_element(token)) is not None
-    memo.authoritative = (now, answer)
+    memo.authoritative[records.root] = (now, answer)
     return answer
 
 
-def release(owner: str, attachment: Attachment) -> None:
+def release(owner: str, attachment: Attachment, *, state_dir: str) -> None:
     """Remove the attachment's elements for ``owner``; a no-op when there are none."""
-    loaded = _load(attachment, owner)
+    records = _records(state_dir)
+    loaded = _load(records, attachment, owner)
     if loaded is None:
-        if not _authoritative():
+        if not _authoritative(records):
             _remove_found(_search(attachment.key, owner))
         return
     # Pending elements only if ours: the ADD may have been killed before its commit.
@@ -589,7 +599,7 @@ def release(owner: str, attachment: Attachment) -> None:
                 except NftError:
                     continue
     failpoint(f"nft.release.{owner}.after-commit")
-    _RECORDS.remove(_record_name(attachment, owner))
+    records.remove(_record_name(attachment, owner))
 
 
 def missing(attachment: Attachment, elements: Iterable[Element]) -> list[Element]:
@@ -675,36 +685,37 @@ def _remove_found(found: Sequence[Found]) -> None:
             ctx.json_cmd({"nftables": f.drop()})
 
 
-def attachments() -> dict[str, dict[str, Any]]:
+def attachments(state_dir: str) -> dict[str, dict[str, Any]]:
     """pycni-owned elements grouped by attachment key (for GC/reconcile; O(n)).
 
     ``{key: {"comment": str, "record": {network, container_id, ifname} | None,
     "elements": {owner: [{"family", "set", "key", "data"}, ...]}}}``; a key with a record but
-    no elements is listed too.
+    no elements is listed too (records: those under ``state_dir``).
     """
-    return _groups(_listing())
+    return _groups(_listing(), _records(state_dir))
 
 
-def _groups(listing: Iterable[Found]) -> dict[str, dict[str, Any]]:
+def _groups(listing: Iterable[Found], records: Records) -> dict[str, dict[str, Any]]:
     groups: dict[str, dict[str, Any]] = {}
     for f in listing:
         parts = f.comment.split(" ")
         group = groups.setdefault(parts[0], {"comment": f.comment, "record": None, "elements": {}})
         group["elements"].setdefault(parts[1] if len(parts) > 1 else "", []).append(f.to_json())
-    for name in _RECORDS.names():
-        rec = _RECORDS.load(name) if name != _EPOCH else None
+    for name in records.names():
+        rec = records.load(name) if name != _EPOCH else None
         if isinstance(rec, dict):
             group = groups.setdefault(name.split(".", 1)[0], {"comment": "", "record": None, "elements": {}})
             group["record"] = rec.get("attachment")
     return groups
 
 
-def remove(key: str) -> None:
+def remove(key: str, *, state_dir: str) -> None:
     """Remove every element and record of the attachment with this key, whatever its owner."""
     _remove_found(_search(key))
-    for name in _RECORDS.names():
+    records = _records(state_dir)
+    for name in records.names():
         if name != _EPOCH and name.split(".", 1)[0] == key:
-            _RECORDS.remove(name)
+            records.remove(name)
 
 
 # -- appended: whole-table listing and JSON transactions (consul-cni's CHECK, forced cleanup) ------
@@ -754,7 +765,7 @@ def _json_text(value: Any) -> str:
     return str(value)
 
 
-def remove_attachments(match: Callable[[str, dict[str, Any]], bool], what: str) -> list[str]:
+def remove_attachments(match: Callable[[str, dict[str, Any]], bool], what: str, *, state_dir: str) -> list[str]:
     """Remove every element and state record of the attachments whose :func:`attachments`
     group ``match(key, group)`` accepts (any owner), in the calling thread's namespace; returns
     what was removed. ``what`` names them in the error.
@@ -764,15 +775,16 @@ def remove_attachments(match: Callable[[str, dict[str, Any]], bool], what: str) 
     fails (another attachment took a key over since), elements are removed one by one, leaving
     alone what is not ours.
     """
-    keys = {key for key, group in attachments().items() if match(key, group)}
+    records = _records(state_dir)
+    keys = {key for key, group in _groups(_listing(), records).items() if match(key, group)}
     found = [f for f in _listing() if f.comment.split(" ")[0] in keys]
     _remove_found(found)
     left = [f for f in _listing() if f.comment.split(" ")[0] in keys] if found else []
     if left:
         raise NftError(f"could not remove {len(left)} element(s) of {what}", _describe(left[0]))
     removed = [_describe(f) for f in found]
-    for name in _RECORDS.names():
-        if name != _EPOCH and name.split(".", 1)[0] in keys and _RECORDS.remove(name):
+    for name in records.names():
+        if name != _EPOCH and name.split(".", 1)[0] in keys and records.remove(name):
             removed.append(f"pycni state record nft/{name}")
     return removed
 
@@ -954,7 +966,7 @@ def _who(group: dict[str, Any]) -> str:
 
 
 def collect(
-    network: str, valid: Iterable[tuple[str, str]], owners: Iterable[str], *, dry_run: bool = False
+    network: str, valid: Iterable[tuple[str, str]], owners: Iterable[str], *, state_dir: str, dry_run: bool = False
 ) -> list[str]:
     """GC: remove the elements and state records, of ``owners``, of every attachment of
     ``network`` whose (container ID, ifname) is not in ``valid``; returns what was (or, with
@@ -962,10 +974,11 @@ def collect(
     keep = {Attachment(network, cid, ifname).key for cid, ifname in valid}
     wanted = set(owners)
     doomed: list[Found] = []
+    store = _records(state_dir)
     records: list[str] = []
     described: list[str] = []
     listing = _listing()
-    groups = _groups(listing)
+    groups = _groups(listing, store)
     for key, group in groups.items():
         if key in keep or _network_of(group) != network:
             continue
@@ -977,13 +990,13 @@ def collect(
                 described.append(f"{_describe(f)} of {who}")
         for owner in wanted:
             name = f"{key}.{owner}"
-            if _RECORDS.load(name) is not None:
+            if store.load(name) is not None:
                 records.append(name)
                 described.append(f"pycni state record nft/{name} of {who}")
     if not dry_run:
         _remove_found(doomed)
         for name in records:
-            _RECORDS.remove(name)
+            store.remove(name)
     return described
 
 
@@ -994,6 +1007,7 @@ def gc(
     sections_for: Callable[[str, list[Element]], Iterable[Section]],
     skeleton: Callable[[], Iterable[Section]] | None,
     *,
+    state_dir: str,
     dry_run: bool = False,
 ) -> list[str]:
     """One plugin's nftables GC: :func:`collect` the elements of ``owners`` that no valid
@@ -1001,11 +1015,11 @@ def gc(
     lost elements (``sections_for(owner, elements)``) and :func:`repair` the ``skeleton()``
     sections that exist. Returns what was removed, restored and repaired."""
     valid = list(valid)
-    removed = collect(network, valid, owners, dry_run=dry_run)
+    removed = collect(network, valid, owners, state_dir=state_dir, dry_run=dry_run)
     if dry_run:
         return removed
     for owner in owners:
-        removed += restore(network, valid, owner, lambda e, o=owner: sections_for(o, e))
+        removed += restore(network, valid, owner, lambda e, o=owner: sections_for(o, e), state_dir=state_dir)
     if skeleton is not None:
         removed += [f"repaired: {p}" for p in repair(skeleton(), create=False)]
     return removed
@@ -1016,6 +1030,8 @@ def restore(
     valid: Iterable[tuple[str, str]],
     owner: str,
     sections_for: Any,
+    *,
+    state_dir: str,
 ) -> list[str]:
     """GC's repair: put back the recorded elements, of ``owner``, of the valid attachments of
     ``network`` that are missing from the table (someone deleted or flushed it); returns what
@@ -1023,7 +1039,8 @@ def restore(
     An element whose key someone else holds now is left alone (reported as not restored)."""
     keep = {Attachment(network, cid, ifname).key for cid, ifname in valid}
     out: list[str] = []
-    names = [n for n in _RECORDS.names() if n.partition(".")[2] == owner and n.partition(".")[0] in keep]
+    records = _records(state_dir)
+    names = [n for n in records.names() if n.partition(".")[2] == owner and n.partition(".")[0] in keep]
     present: dict[str, int] = {}
     if names:
         for f in _listing():  # one listing tells which attachments have all their elements
@@ -1032,7 +1049,7 @@ def restore(
                 present[parts[0]] = present.get(parts[0], 0) + 1
     for name in names:
         key = name.partition(".")[0]
-        rec = _RECORDS.load(name)
+        rec = records.load(name)
         if not isinstance(rec, dict) or not isinstance(rec.get("attachment"), dict):
             continue
         att = Attachment(**rec["attachment"])
@@ -1047,7 +1064,7 @@ def restore(
         who = f"{att.container_id}/{att.ifname}"
         try:
             ensure(sections_for(missing_), force=True)
-            _reclaim()
+            _reclaim(records)
             run([e.add(att.comment(owner)) for e in missing_])
         except NftError as e:
             out.append(f"could not restore {len(missing_)} {owner} element(s) of {who}: {e.msg}")

@@ -57,10 +57,10 @@ class LinkRecords(Records):
     """One plugin's link records (see the module docstring); a bridge plugin's also name the
     bridge (``"bridge"``), whose port the veth must be, or of none when the bridge is gone."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, root: str) -> None:
         if kind not in KINDS:
             raise ValueError(f"{kind!r} is not one of {KINDS}")
-        super().__init__(kind)
+        super().__init__(kind, root)
         self.field = "host" if kind in VETH_KINDS else "link"
 
     def nothing_created(self, att: Attachment, **extra: Any) -> None:
@@ -96,7 +96,7 @@ class LinkRecords(Records):
                 link = netns.run_in(netns_path, _get_index, named.get("index"))
                 return link if link is not None and link.mac == named.get("mac") else None
             ctr = netns.run_in(netns_path, _get_link, ifname)
-            return ctr if ctr is not None and not _claimed(netns_path, ctr) else None
+            return ctr if ctr is not None and not _claimed(netns_path, ctr, self.root) else None
         except netns.NetnsError as e:
             if netns_gone(e):
                 return None
@@ -117,7 +117,7 @@ class LinkRecords(Records):
             except links.LinkError as e:
                 raise fail(f'failed to delete "{record.get("host")}": {e.strerror}') from e
         elif netns_path:
-            delete_container_link(netns_path, ifname)
+            delete_container_link(netns_path, ifname, self.root)
 
     def collect(self, network: str, keep: set[str], dry: bool, removed: list[str], errors: list[str]) -> None:
         """GC's link part: the veths and records of this network's attachments not in ``keep``
@@ -185,10 +185,10 @@ def _get_index(index: Any) -> links.Link | None:
         return links.get_link(ipr, index=index)
 
 
-def _records() -> list[dict[str, Any]]:
+def _records(root: str) -> list[dict[str, Any]]:
     out = []
     for kind in KINDS:
-        records = Records(kind)
+        records = Records(kind, root)
         for name in records.names():
             record = records.load(name)
             if isinstance(record, dict):
@@ -196,7 +196,7 @@ def _records() -> list[dict[str, Any]]:
     return out
 
 
-def _recorded_peer(ctr: links.Link) -> bool:
+def _recorded_peer(ctr: links.Link, root: str) -> bool:
     """Whether container veth ``ctr`` is the peer of a host veth some bridge or ptp record names."""
     if ctr.kind != "veth" or not ctr.peer_index:
         return False
@@ -204,14 +204,14 @@ def _recorded_peer(ctr: links.Link) -> bool:
         host = links.get_link(ipr, index=ctr.peer_index)
     if host is None or host.kind != "veth" or host.peer_index != ctr.index:
         return False
-    return any(record.get("host") == host.name for record in _records())
+    return any(record.get("host") == host.name for record in _records(root))
 
 
-def _claimed(netns_path: str, ctr: links.Link) -> bool:
-    """Whether some record names container link ``ctr`` (O(records): only for a DEL that has no
-    record of its own)."""
+def _claimed(netns_path: str, ctr: links.Link, root: str) -> bool:
+    """Whether some record under state dir ``root`` names container link ``ctr`` (O(records):
+    only for a DEL that has no record of its own)."""
     ns = _ns_id(netns_path)
-    for record in _records():
+    for record in _records(root):
         named = record.get("link")
         if isinstance(named, dict) and (named.get("netns"), named.get("index"), named.get("mac")) == (
             ns,
@@ -219,15 +219,15 @@ def _claimed(netns_path: str, ctr: links.Link) -> bool:
             ctr.mac,
         ):
             return True
-    return _recorded_peer(ctr)  # its host end is in the calling thread's namespace
+    return _recorded_peer(ctr, root)  # its host end is in the calling thread's namespace
 
 
-def delete_container_link(netns_path: str, ifname: str) -> None:
+def delete_container_link(netns_path: str, ifname: str, state_dir: str) -> None:
     """A record-less DEL's link part (see the module docstring); a namespace that is gone has
     nothing left to delete."""
     try:
         ctr = netns.run_in(netns_path, _get_link, ifname)
-        if ctr is not None and not _claimed(netns_path, ctr):
+        if ctr is not None and not _claimed(netns_path, ctr, state_dir):
             netns.run_in(netns_path, links.delete_link, ifname)
     except netns.NetnsError as e:
         if not netns_gone(e):

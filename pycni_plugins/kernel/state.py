@@ -1,4 +1,5 @@
-"""Small JSON records under pycni's state dir (``$PYCNI_STATE_DIR``, default ``/run/pycni``).
+"""Small JSON records under pycni's state dir (the request's ``state_dir``: the runtime's
+``state_dir`` in-process, ``$PYCNI_STATE_DIR`` exec'd, default ``/run/pycni``).
 
 ``/run`` is a tmpfs on a systemd host, which fits: the records describe kernel state (nftables
 elements, veths) that a reboot wipes too. Where ``/run`` survives a reboot, the records outlive
@@ -18,16 +19,11 @@ from collections.abc import Iterator
 from typing import Any, Literal, overload
 
 from pycni._fs import check_private_dir
-from pycni.sdk import environ
+from pycni.errors import CNIError, ErrorCode
 
-__all__ = ["DEFAULT_STATE_DIR", "state_dir", "Records"]
+__all__ = ["Records"]
 
-DEFAULT_STATE_DIR = "/run/pycni"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-def state_dir() -> str:
-    return environ().get("PYCNI_STATE_DIR") or DEFAULT_STATE_DIR
 
 
 def _check_name(name: str) -> str:
@@ -37,9 +33,11 @@ def _check_name(name: str) -> str:
 
 
 class Records:
-    """The records of one kind (``sub``, a directory below the state dir)."""
+    """The records of one kind (``sub``, a directory below the state dir ``root``)."""
 
-    def __init__(self, sub: str, root: str | None = None) -> None:
+    def __init__(self, sub: str, root: str) -> None:
+        if not root:
+            raise ValueError("a state dir is required")
         self.sub = _check_name(sub)
         self.root = root
 
@@ -53,7 +51,7 @@ class Records:
 
     @contextlib.contextmanager
     def _open_dir(self, create: bool) -> Iterator[int | None]:
-        root = self.root or state_dir()
+        root = self.root
         if create:
             with contextlib.suppress(FileExistsError):
                 os.makedirs(root, mode=0o700)
@@ -76,7 +74,12 @@ class Records:
                 yield None
                 return
             try:
-                check_private_dir(fd, f"state dir {root}/{self.sub}")
+                try:
+                    check_private_dir(fd, f"state dir {root}/{self.sub}")
+                except PermissionError as e:
+                    raise CNIError(
+                        f"refusing state dir {root}/{self.sub}: {e.strerror}", code=ErrorCode.IO_FAILURE
+                    ) from None
                 yield fd
             finally:
                 os.close(fd)

@@ -19,7 +19,6 @@ import select
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -320,8 +319,7 @@ class Sandbox:
         """Attachment keys holding pycni nft elements or records in the host namespace."""
         from pycni_plugins.kernel import nft
 
-        with _env("PYCNI_STATE_DIR", str(self.state_dir)):
-            groups = netns.run_in(self.host.path, nft.attachments)
+        groups = netns.run_in(self.host.path, nft.attachments, str(self.state_dir))
         return sorted(k for k, g in groups.items() if g["elements"] or g["record"])
 
     def records(self) -> list[str]:
@@ -342,16 +340,3 @@ class Sandbox:
             "processes": self.processes(),
         }
         return {k: v for k, v in left.items() if v}
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old

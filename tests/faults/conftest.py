@@ -179,15 +179,7 @@ class World:
     def nft_groups(self) -> dict[str, dict[str, Any]]:
         from pycni_plugins.kernel import nft
 
-        old = os.environ.get("PYCNI_STATE_DIR")
-        os.environ["PYCNI_STATE_DIR"] = str(self.state_dir)
-        try:
-            return netns.run_in(self.host.path, nft.attachments)
-        finally:
-            if old is None:
-                os.environ.pop("PYCNI_STATE_DIR")
-            else:
-                os.environ["PYCNI_STATE_DIR"] = old
+        return netns.run_in(self.host.path, nft.attachments, str(self.state_dir))
 
     def nft_elements(self) -> list[str]:
         """Every element of pycni's tables with a comment (``<set> <key> of <owner> <comment>``)."""

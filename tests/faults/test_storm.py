@@ -229,7 +229,7 @@ def test_storm(host_ns, tmp_path, monkeypatch):
         veths = [n for n, link in links(host_ns.path).items() if link["master"] == "storm0"]
         from pycni_plugins.kernel import nft
 
-        groups = netns.run_in(host_ns.path, nft.attachments)
+        groups = netns.run_in(host_ns.path, nft.attachments, str(state_dir))
         owners = {g["comment"].split(" ")[3] for g in groups.values() if g["comment"]}
         hostports = sum(
             len(obj["map"].get("elem", []))

@@ -22,7 +22,7 @@ fake = conf.get("fake", {})
 log = fake.get("log")
 if log:
     with open(log, "a") as f:
-        env = {k: v for k, v in os.environ.items() if k.startswith("CNI_") or k.startswith("FAKE_")}
+        env = {k: v for k, v in os.environ.items() if k.startswith(("CNI_", "FAKE_")) or k == "PYCNI_STATE_DIR"}
         f.write(json.dumps({"type": os.path.basename(sys.argv[0]), "env": env, "stdin": conf}) + "\n")
 if cmd == "VERSION":
     version = fake.get("version")

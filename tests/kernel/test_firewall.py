@@ -88,7 +88,7 @@ def test_an_add_presenting_another_attachments_address_is_refused_and_its_del_ke
     plugin.handle(kit.request("CHECK", _fw(), "victim", "/x"))
 
 
-def test_a_del_after_an_add_killed_before_its_commit_keeps_the_holders_element(host, kit):
+def test_a_del_after_an_add_killed_before_its_commit_keeps_the_holders_element(host, kit, state_dir):
     """The record is written (the new elements pending) before the commit: if that ADD never
     committed, its DEL must not delete the element another attachment holds for the address."""
     import ipaddress
@@ -99,7 +99,9 @@ def test_a_del_after_an_add_killed_before_its_commit_keeps_the_holders_element(h
     plugin.handle(kit.request("ADD", _fw(), "victim", "/x"))
     before = kit.nft_elements()
     thief = nft.Attachment("testnet", "thief", "eth0")
-    nft._store(thief, "firewall", [], [layout.firewall_element(ipaddress.ip_address("10.77.0.2"))])
+    nft._store(
+        nft._records(state_dir), thief, "firewall", [], [layout.firewall_element(ipaddress.ip_address("10.77.0.2"))]
+    )
     plugin.handle(kit.request("DEL", _fw(), "thief", "/x"))
     assert kit.nft_elements() == before
     plugin.handle(kit.request("CHECK", _fw(), "victim", "/x"))

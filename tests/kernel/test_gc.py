@@ -240,34 +240,45 @@ SECTIONS = (layout.MASQ, layout.masq_subnet(ADDR.network))
 def test_a_lost_state_dir_does_not_make_a_new_one_trusted(host, kit, state_dir):
     """The first record of a new state dir must not claim a table holding elements recorded in a
     lost one: a DEL without a record would then skip the search and leak them."""
-    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS)
+    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS, state_dir=state_dir)
     shutil.rmtree(state_dir)
-    nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS)
-    nft.release("masq", A)  # no record: found by its comment
+    nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS, state_dir=state_dir)
+    nft.release("masq", A, state_dir=state_dir)  # no record: found by its comment
     assert {e[0]["elem"]["val"] for e in kit.nft_elements()["masq4"]} == {"198.18.72.6"}
 
 
 def test_a_rebuilt_table_is_claimed_again(host, kit, state_dir):
-    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS)
-    assert nft._authoritative()
+    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS, state_dir=state_dir)
+    assert nft._authoritative(nft._records(state_dir))
     nft.run(["delete table inet pycni"])
-    nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS)
-    assert nft._authoritative(), "the first commit into the new table claimed it back"
+    nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS, state_dir=state_dir)
+    assert nft._authoritative(nft._records(state_dir)), "the first commit into the new table claimed it back"
 
 
-def test_an_element_left_by_a_stale_attachment_is_not_taken_over_until_gc_collects_it(host, kit):
+def test_only_the_state_dir_that_claimed_the_table_is_authoritative_in_one_process(host, kit, tmp_path):
+    """Two state dirs in one namespace (two runtimes in one process): the answer is remembered
+    per state dir, so the second never borrows the first one's authority."""
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS, state_dir=first)
+    assert nft._authoritative(nft._records(first))
+    nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS, state_dir=second)
+    assert not nft._authoritative(nft._records(second))
+    assert nft._authoritative(nft._records(first))
+
+
+def test_an_element_left_by_a_stale_attachment_is_not_taken_over_until_gc_collects_it(host, kit, state_dir):
     """Same address, same data, stale comment (its owner's DEL never ran): the new owner's ADD
     is refused naming the holder (it could as well be a live attachment), nothing changed; a
     GC that does not list the stale one collects its element, then the ADD succeeds."""
     element = layout.masq_element(ADDR)
-    nft.apply("masq", A, [element], SECTIONS)
-    nft._RECORDS.remove(f"{A.key}.masq")  # A is forgotten
+    nft.apply("masq", A, [element], SECTIONS, state_dir=state_dir)
+    nft._records(state_dir).remove(f"{A.key}.masq")  # A is forgotten
     with pytest.raises(nft.ElementConflict, match=r"belongs to another attachment \(net1 a eth0\)"):
-        nft.apply("masq", B, [element], SECTIONS)
+        nft.apply("masq", B, [element], SECTIONS, state_dir=state_dir)
     assert nft.holder(element).startswith(A.key)
-    assert nft._RECORDS.load(f"{B.key}.masq") is None
-    assert len(nft.collect("net1", [("b", "eth0")], ("masq",))) == 1
-    nft.apply("masq", B, [element], SECTIONS)
+    assert nft._records(state_dir).load(f"{B.key}.masq") is None
+    assert len(nft.collect("net1", [("b", "eth0")], ("masq",), state_dir=state_dir)) == 1
+    nft.apply("masq", B, [element], SECTIONS, state_dir=state_dir)
     assert nft.check(B, [element], SECTIONS) is None
     assert nft.holder(element).startswith(B.key)
 

@@ -73,45 +73,52 @@ def test_a_new_namespace_never_inherits_the_verification_of_a_dead_one(make_netn
 
 
 def test_apply_release_and_record(host, kit, state_dir):
-    nft.apply("portmap", ATT, _elements(), SECTIONS)
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
     record = os.path.join(state_dir, "nft", f"{ATT.key}.portmap")
     assert stat.S_IMODE(os.stat(record).st_mode) == 0o600
     assert stat.S_IMODE(os.stat(os.path.dirname(record)).st_mode) == 0o700
     comment = kit.nft_elements()["hostports4"][0][0]["elem"]["comment"]
     assert comment == f"{ATT.key} portmap net1 c1 eth0"
-    nft.release("portmap", ATT)
-    nft.release("portmap", ATT)
+    nft.release("portmap", ATT, state_dir=state_dir)
+    nft.release("portmap", ATT, state_dir=state_dir)
     assert not os.path.exists(record)
     assert not kit.nft_elements()["hostports4"]
 
 
-def test_conflict_changes_nothing(host, kit):
-    nft.apply("portmap", ATT, _elements(), SECTIONS)
+def test_conflict_changes_nothing(host, kit, state_dir):
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
     before = kit.nft_ruleset()
     other = nft.Attachment("net1", "c2", "eth0")
     with pytest.raises(nft.ElementConflict):
         b = ipaddress.ip_interface("10.88.0.6/16")
-        nft.apply("portmap", other, [*_elements(9090, b), layout.hostport_element("tcp", 8080, b.ip, 80, None)])
+        nft.apply(
+            "portmap",
+            other,
+            [*_elements(9090, b), layout.hostport_element("tcp", 8080, b.ip, 80, None)],
+            state_dir=state_dir,
+        )
     assert kit.nft_ruleset() == before
     assert nft.holder(_elements()[0]).startswith(ATT.key)
 
 
 def test_lost_state_dir_falls_back_to_comments(host, kit, state_dir):
-    nft.apply("portmap", ATT, _elements(), SECTIONS)
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
     shutil.rmtree(state_dir)
-    nft.release("portmap", ATT)
+    nft.release("portmap", ATT, state_dir=state_dir)
     assert not kit.nft_elements()["hostports4"]
 
 
-def test_listing_and_removal_by_attachment_for_gc(host, kit):
-    nft.apply("portmap", ATT, _elements(), SECTIONS)
-    nft.apply("masq", ATT, [layout.masq_element(A4)], (layout.MASQ, layout.masq_subnet(A4.network)))
-    groups = nft.attachments()
+def test_listing_and_removal_by_attachment_for_gc(host, kit, state_dir):
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    nft.apply(
+        "masq", ATT, [layout.masq_element(A4)], (layout.MASQ, layout.masq_subnet(A4.network)), state_dir=state_dir
+    )
+    groups = nft.attachments(state_dir=state_dir)
     assert set(groups) == {ATT.key}
     assert set(groups[ATT.key]["elements"]) == {"portmap", "masq"}
     assert groups[ATT.key]["record"] == {"network": "net1", "container_id": "c1", "ifname": "eth0"}
-    nft.remove(ATT.key)
-    assert nft.attachments() == {}
+    nft.remove(ATT.key, state_dir=state_dir)
+    assert nft.attachments(state_dir=state_dir) == {}
     assert not any(v for k, v in kit.nft_elements().items() if k != "epoch")
 
 
@@ -119,4 +126,4 @@ def test_symlinked_state_dir_is_refused(host, state_dir, tmp_path):
     os.makedirs(state_dir, mode=0o700)
     os.symlink(str(tmp_path), os.path.join(state_dir, "nft"))
     with pytest.raises(OSError):
-        nft.apply("portmap", ATT, _elements(), SECTIONS)
+        nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)

@@ -29,6 +29,7 @@ from pycni.nomad.cleanup import CleanupReport, force_cleanup, masquerade_chain, 
 from pycni.nomad.configurator import make_client
 from pycni.nomad.errors import CheckFailedError
 from pycni.nomad.models import Allocation, Node
+from pycni.sdk import default_state_dir
 from pycni_plugins.nomad import remove_container
 from tests.helpers import kernel
 from tests.helpers.traffic import listening, tcp_as, udp_query
@@ -68,7 +69,8 @@ class Env:
         return make_client("/usr/lib/cni", cache_dir=self.cache_dir, backend="inprocess", host_netns=self.host)
 
     def configurator(self, client: Any = None, node: Node | None = None) -> BridgeNetworkConfigurator:
-        cleanup = functools.partial(force_cleanup, host_netns=self.host, own_state=remove_container)
+        own_state = functools.partial(remove_container, state_dir=default_state_dir())
+        cleanup = functools.partial(force_cleanup, host_netns=self.host, own_state=own_state)
         return BridgeNetworkConfigurator.for_alloc(
             client or self.client(),
             self.alloc,

@@ -201,3 +201,24 @@ def test_the_daemon_acts_in_the_callers_namespaces_not_its_own(start_daemon, bin
     assert o.status == 0, o
     assert netns.run_in(ctr.path, links) == {"lo"}
     assert os.path.exists(daemon.socket)
+
+
+def test_the_daemon_keeps_records_in_the_state_dir_the_caller_forwards(
+    daemon, bindir, make_netns, host_ns, tmp_path, state_dir
+):
+    from pycni_plugins.kernel import nft
+
+    ctr = make_netns("ctr")
+    conf = _confs(tmp_path)["bridge"]
+    mine = str(tmp_path / "caller-state")
+    key = nft.Attachment("srvnet", "c1", "eth0").key
+    for command in ("ADD", "DEL"):
+        env = {**_env(command, ctr.path), "PYCNI_STATE_DIR": mine}
+        o = call(bindir, "bridge", env, conf, host=host_ns.path, socket_path=daemon.socket, mode="required")
+        assert o.status == 0, o
+        if command == "ADD":
+            assert os.listdir(os.path.join(mine, "bridge")) == [key]
+            assert sorted(os.listdir(os.path.join(mine, "nft"))) == sorted(["epoch", f"{key}.masq"])
+    assert os.listdir(os.path.join(mine, "bridge")) == []
+    assert not os.path.exists(state_dir), "the daemon's own $PYCNI_STATE_DIR was not used"
+    assert len(daemon.requests(2)) == 2

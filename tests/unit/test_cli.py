@@ -62,6 +62,14 @@ def test_environment_is_honoured_and_options_override_it(env, fake_plugins):
     assert (last["CNI_IFNAME"], last["CNI_CONTAINERID"], last["CNI_ARGS"]) == ("eth7", "mine", "C=3")
 
 
+def test_state_dir_option_overrides_the_environment_for_the_plugins(env, fake_plugins, tmp_path):
+    env = env | {"PYCNI_STATE_DIR": str(tmp_path / "from-env")}
+    assert run(["add", "testnet", "/run/netns/x"], env).exit_code == 0
+    assert run(["del", "testnet", "/run/netns/x", "--state-dir", str(tmp_path / "opt")], env).exit_code == 0
+    seen = [c["env"]["PYCNI_STATE_DIR"] for c in fake_plugins.calls()]
+    assert seen == [str(tmp_path / "from-env")] * 2 + [str(tmp_path / "opt")] * 2
+
+
 def test_check_and_del_and_repeated_del(env, fake_plugins):
     assert run(["add", "testnet", "/run/netns/x"], env).exit_code == 0
     assert run(["check", "testnet", "/run/netns/x"], env).exit_code == 0

@@ -13,7 +13,7 @@ from pycni.request import (
     build_request,
     format_cni_args,
 )
-from pycni.sdk import validate_container_id, validate_ifname
+from pycni.sdk import DEFAULT_STATE_DIR, PluginRequest, default_state_dir, validate_container_id, validate_ifname
 
 
 def plugin(**raw):
@@ -70,8 +70,8 @@ def test_plugin_config_is_not_mutated():
     assert set(p.raw) == {"type", "capabilities"}
 
 
-def test_request_env_always_has_six_vars():
-    req = build_request("GC", {"a": 1}, None, ["/a", "/b"])
+def test_request_env_always_has_six_vars_and_the_state_dir():
+    req = build_request("GC", {"a": 1}, None, ["/a", "/b"], "/tmp/st")
     assert req.env() == {
         "CNI_COMMAND": "GC",
         "CNI_CONTAINERID": "",
@@ -79,9 +79,31 @@ def test_request_env_always_has_six_vars():
         "CNI_IFNAME": "",
         "CNI_ARGS": "",
         "CNI_PATH": "/a:/b",
+        "PYCNI_STATE_DIR": "/tmp/st",
     }
     rt = RuntimeConf("c", "/run/netns/x", "eth1", args=[("K", "V"), ("IgnoreUnknown", "1")])
-    assert build_request("ADD", {}, rt, ["/a"]).env()["CNI_ARGS"] == "K=V;IgnoreUnknown=1"
+    add = build_request("ADD", {}, rt, ["/a"], "/tmp/st")
+    assert add.env()["CNI_ARGS"] == "K=V;IgnoreUnknown=1"
+    assert add.state_dir == "/tmp/st"
+
+
+def test_a_request_without_a_state_dir_takes_the_env_then_the_default(monkeypatch):
+    monkeypatch.setenv("PYCNI_STATE_DIR", "/tmp/from-env")
+    assert PluginRequest("ADD", {}).state_dir == "/tmp/from-env"
+    monkeypatch.delenv("PYCNI_STATE_DIR")
+    assert PluginRequest("ADD", {}).state_dir == DEFAULT_STATE_DIR == "/run/pycni"
+    assert default_state_dir({"PYCNI_STATE_DIR": "/x"}) == "/x"
+    assert default_state_dir({"PYCNI_STATE_DIR": ""}) == DEFAULT_STATE_DIR
+
+
+def test_the_runtime_state_dir_is_explicit_or_the_env_default(monkeypatch):
+    from pycni.runtime import Runtime
+
+    monkeypatch.setenv("PYCNI_STATE_DIR", "/tmp/from-env")
+    assert Runtime([], state_dir="/tmp/explicit", backend="inprocess").state_dir == "/tmp/explicit"
+    assert Runtime([], backend="inprocess").state_dir == "/tmp/from-env"
+    monkeypatch.delenv("PYCNI_STATE_DIR")
+    assert Runtime([], backend="inprocess").state_dir == DEFAULT_STATE_DIR
 
 
 @pytest.mark.parametrize("pair", [("a;b", "v"), ("k", "v;x"), ("", "v"), ("k=", "v"), ("k", "v\x00")])

@@ -501,6 +501,19 @@ class TestBackends:
         assert recorder.seen[0][1] == exec_call["stdin"]
         assert recorder.seen[0][2] == {k: exec_call["env"][k] for k in recorder.seen[0][2]}
 
+    def test_an_exec_d_plugin_gets_the_runtime_s_explicit_state_dir_in_its_env(
+        self, fake_plugins, tmp_path, monkeypatch
+    ):
+        monkeypatch.setenv("PYCNI_STATE_DIR", str(tmp_path / "from-env"))
+        n = net(fake_plugins, fake_plugins.plugin("fake-a"))
+        explicit = str(tmp_path / "explicit")
+        runtime = Runtime([str(fake_plugins.dir)], cache_dir=str(tmp_path / "c"), state_dir=explicit, backend="exec")
+        runtime.add_network_list(n, RT)
+        runtime.delete_network_list(n, RT)
+        Runtime([str(fake_plugins.dir)], cache_dir=str(tmp_path / "d"), backend="exec").add_network_list(n, RT)
+        seen = [c["env"]["PYCNI_STATE_DIR"] for c in fake_plugins.calls()]
+        assert seen == [explicit, explicit, str(tmp_path / "from-env")]
+
     def test_auto_prefers_builtin_else_exec(self, fake_plugins, tmp_path, monkeypatch):
         recorder = Recorder()
         monkeypatch.setattr("pycni.backends.builtin_plugin", lambda t: recorder if t == "fake-a" else None)

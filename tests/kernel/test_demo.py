@@ -1,0 +1,45 @@
+"""``pycni demo`` end to end, and the network it builds: all its state in its own temp dir,
+passed explicitly (the process environment is left alone)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from pycni._json import go_field
+from pycni.cli.demo import demo, demo_network
+
+pytestmark = pytest.mark.privileged
+
+
+def test_the_demo_network_keeps_its_leases_under_the_demo_dir(tmp_path):
+    network = demo_network(str(tmp_path))
+    bridge = next(p for p in network.plugins if p.type == "bridge")
+    assert go_field(bridge.raw, "ipam")["dataDir"] == str(tmp_path / "ipam")
+    assert [p.type for p in network.plugins] == ["loopback", "bridge", "firewall", "portmap"]
+
+
+def test_the_demo_passes_every_check_and_leaves_the_environment_alone(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYCNI_STATE_DIR", str(tmp_path / "not-the-demos"))
+    before = dict(os.environ)
+    seen: list[str] = []
+    from pycni import runtime
+
+    real = runtime.Runtime.__init__
+
+    def spy(self, *args, **kw):
+        real(self, *args, **kw)
+        seen.append(self.state_dir)
+        seen.append(os.environ.get("PYCNI_STATE_DIR", ""))
+
+    monkeypatch.setattr(runtime.Runtime, "__init__", spy)
+    result = CliRunner().invoke(demo, ["--backend", "inprocess"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "all checks passed" in result.output
+    assert dict(os.environ) == before
+    state, env_during = seen
+    assert os.path.basename(state) == "state" and os.path.basename(os.path.dirname(state)).startswith("pycni-demo-")
+    assert env_during == str(tmp_path / "not-the-demos"), "the demo did not rewrite $PYCNI_STATE_DIR"
+    assert not os.path.exists(state) and not os.path.exists(tmp_path / "not-the-demos")
