@@ -40,6 +40,7 @@ __all__ = [
     "Link",
     "LinkError",
     "iproute",
+    "keep_iproutes",
     "get_link",
     "ifindex",
     "dump_links",
@@ -111,20 +112,21 @@ def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 def iproute() -> Iterator[IPRoute]:
     """An ``IPRoute`` in the calling thread's current namespace.
 
-    Opening and closing one costs ~0.4 ms, and the runtime calls plugins from the caller's own
-    thread, so the main thread keeps one, for its current namespace: it is replaced when the
-    thread uses another namespace (until then it keeps the old one alive; a block nested in
-    another namespace gets its own instead), and closed at exit. Any other thread, whose
-    lifetime is unknown here (netns workers, pools), gets one per block.
+    Opening one costs ~0.3-0.7 ms (more in a thread that never had one: pyroute2 makes it an
+    asyncio loop), so a long-lived thread keeps one for its current namespace: the main thread
+    (the runtime calls plugins from the caller's own thread) and threads that called
+    :func:`keep_iproutes` (``pycni serve``'s workers). It is replaced when the thread uses
+    another namespace (until then it keeps the old one alive; a block nested in another
+    namespace gets its own instead); the main thread's is closed at exit. Any other thread,
+    whose lifetime is unknown here (netns workers, pools), gets one per block.
     """
-    global _lent
-    kept = _kept_iproute() if threading.current_thread() is threading.main_thread() else None
+    kept = _kept_iproute() if _keeps() else None
     if kept is not None:
-        _lent += 1
+        _local.lent += 1
         try:
             yield kept
         finally:
-            _lent -= 1
+            _local.lent -= 1
         return
     ipr = IPRoute()
     try:
@@ -133,28 +135,43 @@ def iproute() -> Iterator[IPRoute]:
         ipr.close()
 
 
-_kept: tuple[tuple[int, int, int], IPRoute] | None = None  # main thread only: (pid, netns dev, ino)
-_lent = 0  # main thread only: open blocks using _kept
+def keep_iproutes() -> None:
+    """Let the calling thread, which must outlive its :func:`iproute` blocks and run nothing but
+    them there, keep one ``IPRoute`` between blocks, as the main thread does."""
+    _local.keeps = True
+
+
+class _Kept(threading.local):
+    keeps = False
+    kept: tuple[tuple[int, int, int], IPRoute] | None = None  # (pid, netns dev, ino), its IPRoute
+    lent = 0  # open blocks using kept
+
+
+_local = _Kept()
+
+
+def _keeps() -> bool:
+    return _local.keeps or threading.current_thread() is threading.main_thread()
 
 
 def _kept_iproute() -> IPRoute | None:
-    global _kept
     st = os.stat("/proc/thread-self/ns/net")
     key = (os.getpid(), st.st_dev, st.st_ino)
-    if _kept is None or _kept[0] != key:
-        if _lent:
+    if _local.kept is None or _local.kept[0] != key:
+        if _local.lent:
             return None
         _close_kept()
-        _kept = (key, IPRoute())
-    return _kept[1]
+        _local.kept = (key, IPRoute())
+    return _local.kept[1]
 
 
 @atexit.register
 def _close_kept() -> None:
-    global _kept
-    if _kept is not None and _kept[0][0] == os.getpid():  # a forked child leaves the parent's alone
-        _kept[1].close()
-    _kept = None
+    """Close the calling thread's kept ``IPRoute`` (at exit: the main thread's)."""
+    kept = _local.kept
+    if kept is not None and kept[0][0] == os.getpid():  # a forked child leaves the parent's alone
+        kept[1].close()
+    _local.kept = None
 
 
 # --- links --------------------------------------------------------------------------------------

@@ -252,10 +252,12 @@ _local = threading.local()
 @attrs.define(eq=False)
 class _Memo:
     """What was last learned about one namespace's table, shared by the threads working in it:
-    sections verified (monotonic time per section), and whether the state dir is authoritative."""
+    sections verified (monotonic time per section), whether each state dir is authoritative, and
+    the last dump of each family's chains and rules with the ruleset generation it shows."""
 
     ensured: dict[tuple[str, str], float] = attrs.Factory(dict)
     authoritative: dict[str, tuple[float, bool]] = attrs.Factory(dict)  # by state dir
+    dumps: dict[str, tuple[int, dict[str, list[nfnl.Rule]] | None]] = attrs.Factory(dict)
 
     def stale(self, now: float) -> bool:
         times = [*self.ensured.values(), *(t for t, _ in self.authoritative.values())]
@@ -797,17 +799,34 @@ def remove_attachments(match: Callable[[str, dict[str, Any]], bool], what: str, 
 
 
 def _netlink_dump(family: str) -> dict[str, list[nfnl.Rule]] | None:
-    """chain name -> its rules in ``table <family> pycni``; ``None`` when there is no such table."""
+    """chain name -> its rules in ``table <family> pycni``; ``None`` when there is no such table.
+
+    The answer is shared (callers must not change it): it is kept in the namespace's memo with
+    the ruleset generation it was read at, and given again while the generation is unchanged —
+    any committed transaction, whoever made it, changes the generation. The tables, chains and
+    rules are three dumps, none of them a snapshot, so they are read again until the generation
+    after them is the one before them: the answer is one state of the ruleset, filed under it.
+    """
+    memo = _memo()
     try:
         with nfnl.reading(family) as reader:
-            if TABLE not in reader.tables():
-                return None
-            out: dict[str, list[nfnl.Rule]] = {name: [] for name in reader.chains(TABLE)}
-            for rule in reader.rules(TABLE):
-                out.setdefault(rule.chain, []).append(rule)
-            return out
+            generation = reader.generation()
+            cached = memo.dumps.get(family)
+            if cached is not None and cached[0] == generation:
+                return cached[1]
+            for _ in range(_READ_RETRIES):
+                out: dict[str, list[nfnl.Rule]] | None = None
+                if TABLE in reader.tables():
+                    out = {name: [] for name in reader.chains(TABLE)}
+                    for rule in reader.rules(TABLE):
+                        out.setdefault(rule.chain, []).append(rule)
+                before, generation = generation, reader.generation()
+                if generation == before:
+                    memo.dumps[family] = (generation, out)
+                    return out
     except nfnl.NetlinkError as e:
         raise NftError(f"cannot read table {family} {TABLE}: {e.strerror}") from None
+    raise NftInterrupted(f"cannot read table {family} {TABLE}: the ruleset kept changing")
 
 
 def _jump_target(rule: nfnl.Rule) -> str | None:

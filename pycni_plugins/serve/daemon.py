@@ -4,7 +4,8 @@ plugin uses — so the bytes that go back are the ones the plugin would have pri
 
 One thread per connection reads and checks the request; a fixed pool of ``workers`` threads runs
 the plugins (long-lived, so that what a plugin keeps per thread — its libnftables context, whose
-socket is costly to close — serves the next request too). Before anything runs, the caller must
+socket is costly to close, and its ``IPRoute`` (:func:`~pycni_plugins.kernel.links.keep_iproutes`),
+each for the namespace it was last used in — serves the next request too). Before anything runs, the caller must
 be root or this daemon's uid (``SO_PEERCRED``) and live in this daemon's mount namespace (paths
 — cache dir, dataDir, state dir — must resolve as the caller sees them); otherwise, and for
 requests the daemon should not serve (too large, fault injection asked for, an fd that is not a
@@ -45,6 +46,8 @@ from pycni._version import __version__
 from pycni.errors import CNIError, ErrorCode
 from pycni.sdk import Plugin, builtin_plugin, builtin_plugins, environment
 from pycni.sdk.skel import error_output, respond
+
+from ..kernel import links
 
 __all__ = ["Limits", "Daemon", "DaemonError", "listen", "systemd_listener", "check", "run"]
 
@@ -146,7 +149,9 @@ class Daemon:
         self.owned = owned  # we made the socket file (not systemd): remove it when stopping
         self.limits = limits or Limits()
         self._slots = threading.Semaphore(self.limits.workers)
-        self._pool = concurrent.futures.ThreadPoolExecutor(self.limits.workers, thread_name_prefix="pycni-serve-worker")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            self.limits.workers, thread_name_prefix="pycni-serve-worker", initializer=links.keep_iproutes
+        )
         self._lock = threading.Condition()
         self._handling = 0  # connections being handled (waiting or running)
         self._running = 0

@@ -7,11 +7,12 @@ import ipaddress
 import os
 import shutil
 import stat
+import subprocess
 
 import pytest
 
 from pycni import netns
-from pycni_plugins.kernel import layout, nft
+from pycni_plugins.kernel import layout, nfnl, nft
 
 pytestmark = pytest.mark.privileged
 
@@ -70,6 +71,75 @@ def test_a_new_namespace_never_inherits_the_verification_of_a_dead_one(make_netn
     assert dumps
     with netns.entered(second.path):
         assert kit.nft_rule_count() > 0
+
+
+def _counting_rule_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    reads: list[str] = []
+    real = nfnl.Reader.rules
+
+    def counting(self: nfnl.Reader, table: str) -> list[nfnl.Rule]:
+        reads.append(table)
+        return real(self, table)
+
+    monkeypatch.setattr(nfnl.Reader, "rules", counting)
+    return reads
+
+
+def test_checks_of_an_unchanged_ruleset_read_its_rules_once_whichever_thread_asks(host, monkeypatch, state_dir):
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    reads = _counting_rule_reads(monkeypatch)
+    for _ in range(3):
+        assert nft.check(ATT, _elements(), SECTIONS) is None
+        assert netns.run_in(host.path, nft.check, ATT, _elements(), SECTIONS) is None
+    assert len(reads) <= 1
+
+
+def _nft_elsewhere(host: netns.Throwaway, command: str) -> None:
+    """``command`` by another process (the nft CLI), behind pycni's back."""
+    subprocess.run(["ip", "netns", "exec", host.name, "nft", command], check=True, capture_output=True)
+
+
+def _handle(kit, chain: str) -> int:
+    return next(o["rule"]["handle"] for o in kit.nft_ruleset()["nftables"] if o.get("rule", {}).get("chain") == chain)
+
+
+def test_a_check_after_another_process_changed_the_ruleset_sees_the_change(host, kit, state_dir):
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert nft.check(ATT, _elements(), SECTIONS) is None
+    _nft_elsewhere(host, f"delete rule inet pycni hostports_output handle {_handle(kit, 'hostports_output')}")
+    assert nft.check(ATT, _elements(), SECTIONS) == "chain hostports_output of table inet pycni has 0 of its 1 rules"
+    nft.repair(SECTIONS)
+    assert nft.check(ATT, _elements(), SECTIONS) is None
+    hairpin = _elements()[1]
+    _nft_elsewhere(host, f"delete element inet pycni {hairpin.set} {{ {hairpin.key} }}")
+    assert nft.check(ATT, _elements(), SECTIONS) == (
+        f"element {hairpin.key} is missing from map {hairpin.set} of table inet pycni"
+    )
+    _nft_elsewhere(host, "delete table inet pycni")
+    assert nft.check(ATT, _elements(), SECTIONS) == "table inet pycni is missing"
+
+
+def test_the_rule_dump_is_not_kept_when_the_ruleset_changed_during_it(host, kit, monkeypatch, state_dir):
+    """A dump that a transaction overtook is read again: neither this check nor the next one
+    sees the state from before the transaction."""
+    nft.ensure(SECTIONS)
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)  # a new generation: the next check dumps
+    real = nfnl.Reader.rules
+    reads: list[str] = []
+
+    def overtaken(self: nfnl.Reader, table: str) -> list[nfnl.Rule]:
+        rules = real(self, table)
+        if not reads:
+            _nft_elsewhere(host, f"delete rule inet pycni hostports_output handle {_handle(kit, 'hostports_output')}")
+        reads.append(table)
+        return rules
+
+    monkeypatch.setattr(nfnl.Reader, "rules", overtaken)
+    lost = ["chain hostports_output of table inet pycni has 0 of its 1 rules"]
+    assert nft.skeleton_problems(SECTIONS) == lost
+    assert len(reads) == 2  # the overtaken dump, then one of the state after the transaction
+    assert nft.skeleton_problems(SECTIONS) == lost
+    assert len(reads) == 2
 
 
 def test_apply_release_and_record(host, kit, state_dir):

@@ -203,6 +203,45 @@ def test_the_daemon_acts_in_the_callers_namespaces_not_its_own(start_daemon, bin
     assert os.path.exists(daemon.socket)
 
 
+def test_one_worker_serving_callers_of_two_hosts_in_turn_acts_in_each_callers_namespace(
+    start_daemon, bindir, make_netns, tmp_path
+):
+    """The worker keeps its netlink socket between requests: a request from another host
+    namespace, or after a failed request, must still act in its own caller's namespace."""
+    from pyroute2 import IPRoute
+
+    host_a, host_b = make_netns("hosta"), make_netns("hostb")
+    ctr_a, ctr_b = make_netns("ctr"), make_netns("ctr")
+    daemon = start_daemon("--workers", "1", host=host_a.path)
+    conf_a = _confs(tmp_path)["bridge"]
+    conf_b = {**conf_a, "ipam": {**conf_a["ipam"], "dataDir": str(tmp_path / "ipam-b")}}
+    broken = {**conf_a, "bridge": "lo"}  # not a bridge: refused after the host's links are read
+
+    def run(command: str, ctr: str, conf: dict[str, Any], host: str, cid: str) -> Outcome:
+        return call(
+            bindir, "bridge", _env(command, ctr, cid), conf, host=host, socket_path=daemon.socket, mode="required"
+        )
+
+    def links(path: str) -> set[str]:
+        def body() -> set[str]:
+            with IPRoute() as ipr:
+                return {link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+
+        return netns.run_in(path, body)
+
+    assert run("ADD", ctr_a.path, conf_a, host_a.path, "a").status == 0
+    failed = run("ADD", ctr_b.path, broken, host_b.path, "x")
+    assert failed.status == 1 and "lo" in failed.json()["msg"], failed
+    assert run("ADD", ctr_b.path, conf_b, host_b.path, "b").status == 0
+    assert "psrv0" in links(host_a.path) and "psrv0" in links(host_b.path)
+    assert len(links(host_a.path)) == len(links(host_b.path)) == 3  # lo, the bridge, one veth each
+    assert links(ctr_a.path) == links(ctr_b.path) == {"lo", "eth0"}
+    assert run("DEL", ctr_a.path, conf_a, host_a.path, "a").status == 0
+    assert run("DEL", ctr_b.path, conf_b, host_b.path, "b").status == 0
+    assert links(ctr_a.path) == links(ctr_b.path) == {"lo"}
+    assert [line.split()[3] for line in daemon.requests(5)] == ["ok", "error", "ok", "ok", "ok"]
+
+
 def test_the_daemon_keeps_records_in_the_state_dir_the_caller_forwards(
     daemon, bindir, make_netns, host_ns, tmp_path, state_dir
 ):
