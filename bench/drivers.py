@@ -199,8 +199,8 @@ class RuntimeDriver:
 
     def __init__(self, cell: Cell, *, path: list[str], backend: Any, workload: Workload = DEFAULT) -> None:
         from pycni.config import conflist_from_bytes
-        from pycni.request import RuntimeConf
         from pycni.runtime import Runtime
+        from pycni.runtime_conf import RuntimeConf
 
         self.workload = workload
         self.runtime = Runtime(

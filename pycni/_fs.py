@@ -1,17 +1,23 @@
-"""The ownership rule for pycni's private directories (results cache, plugin state records).
+"""The file rules the runtime and the plugins share: the ownership rule for pycni's private
+directories (results cache, plugin state records) and the one atomic write.
 
-Shared by the runtime and the plugins so both trust a directory for the same reasons: what is in
-it decides what DEL and GC remove, so a directory that another uid owns, or that anyone else may
-read or write, could hold planted entries.
+Both sides trust a directory for the same reasons: what is in it decides what DEL and GC remove,
+so a directory that another uid owns, or that anyone else may read or write, could hold planted
+entries. And both write a file the same way: a reader (or a crash) sees the old content or the
+new, never a part.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import secrets
 import stat
 
-__all__ = ["check_private_dir"]
+__all__ = ["check_private_dir", "write_atomic"]
+
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def check_private_dir(fd: int, what: str) -> None:
@@ -24,3 +30,36 @@ def check_private_dir(fd: int, what: str) -> None:
             f"{what} must be private to uid {os.geteuid()} (owned by it, mode 0700), "
             f"but is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}",
         )
+
+
+def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, exclusive: bool = False) -> bool:
+    """Put ``data`` at ``name`` in the open directory ``dir_fd`` in one step, durably.
+
+    The bytes go to a fresh temp file (exactly ``mode``), are fsync'd, and the file is renamed
+    over ``name`` (or, ``exclusive``, hard-linked to it: the first of racing writers wins and
+    the others get False); then the directory is fsync'd. On any failure the temp file is
+    removed and ``name`` keeps its old content; the ``OSError`` is the caller's to translate.
+    """
+    tmp = f".{secrets.token_hex(8)}.tmp"  # not derived from name: a 255-byte name must fit
+    fd = os.open(tmp, _TEMP_FLAGS, mode, dir_fd=dir_fd)
+    try:
+        try:
+            os.fchmod(fd, mode)  # what the umask took off os.open's mode
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if exclusive:
+            try:
+                os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except FileExistsError:
+                return False
+        else:
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.fsync(dir_fd)
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)  # gone already after a rename

@@ -20,7 +20,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import secrets
 import struct
 import threading
 import time
@@ -30,7 +29,7 @@ from typing import Any
 import attrs
 
 from . import _json
-from ._fs import check_private_dir
+from ._fs import check_private_dir, write_atomic
 from .errors import CacheError, ErrorCode, InvalidArgumentError
 from .sdk.validate import NAME_PATTERN, validate_attachment_key
 
@@ -66,7 +65,8 @@ _CACHED_INFO = _json.GoFields(
 
 @attrs.frozen
 class CachedAttachment:
-    """One cache entry: the attachment's parameters, the config it was added with and its result."""
+    """One cache entry (libcni's ``NetworkAttachment``): an attachment (the three fields of
+    :class:`pycni.sdk.Attachment`), its ADD's parameters, the config and the result."""
 
     container_id: str
     network: str
@@ -209,27 +209,12 @@ class ResultsCache:
         name = self.file_name(entry.network, entry.container_id, entry.ifname)
         data = entry.to_bytes()
         dfd = self._open_dir(self.results_dir, create=True)
-        tmp = f".{secrets.token_hex(8)}.tmp"  # not derived from name: a 255-byte name must fit
         try:
-            try:
-                fd = os.open(
-                    tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd
-                )
-                try:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-                os.fsync(dfd)
-            except OSError as e:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=dfd)
-                raise CacheError(
-                    f"failed to write cache file {os.path.join(self.results_dir, name)}: {e.strerror}"
-                ) from None
+            write_atomic(dfd, name, data)
+        except OSError as e:
+            raise CacheError(
+                f"failed to write cache file {os.path.join(self.results_dir, name)}: {e.strerror}"
+            ) from None
         finally:
             os.close(dfd)
 

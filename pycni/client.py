@@ -22,8 +22,9 @@ from . import config as _config
 from .cache import DEFAULT_CACHE_DIR
 from .errors import CNIError, ConfigError
 from .gocni_result import GoCNIResult
-from .request import RuntimeConf
 from .runtime import DEFAULT_PLUGIN_PATH, Runtime
+from .runtime_conf import RuntimeConf
+from .types import PortMapping  # go-cni's cni.PortMapping: the one capability entry
 
 __all__ = [
     "CNI",
@@ -97,24 +98,6 @@ class ConfigResult:
     plugin_max_conf_num: int
     prefix: str
     networks: tuple[Network, ...]
-
-
-@attrs.frozen
-class PortMapping:
-    host_port: int
-    container_port: int
-    protocol: str = "tcp"
-    host_ip: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "hostPort": self.host_port,
-            "containerPort": self.container_port,
-            "protocol": self.protocol,
-        }
-        if self.host_ip:
-            out["hostIP"] = self.host_ip
-        return out
 
 
 @attrs.define

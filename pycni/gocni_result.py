@@ -10,26 +10,40 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .errors import ResultError
 
-__all__ = ["IPConfig", "InterfaceConfig", "GoCNIResult"]
+if TYPE_CHECKING:
+    from .types import IPConfig
+
+__all__ = ["GoCNIIPConfig", "InterfaceConfig", "GoCNIResult"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 @attrs.frozen
-class IPConfig:
+class GoCNIIPConfig:
+    """go-cni's ``IPConfig`` (``IP``, ``Gateway``): not the CNI result's
+    :class:`pycni.types.IPConfig` but a view of it, the bare address (no prefix length, no
+    interface index: the interface is the map key), built by :meth:`from_result`."""
+
     ip: IPAddress
     gateway: IPAddress | None = None
+
+    @classmethod
+    def from_result(cls, ipc: IPConfig) -> GoCNIIPConfig:
+        return cls(ipc.address.ip, ipc.gateway)
+
+    def to_go_json(self) -> dict[str, str]:
+        return {"IP": str(self.ip), "Gateway": "" if self.gateway is None else str(self.gateway)}
 
 
 @attrs.frozen
 class InterfaceConfig:
-    ip_configs: tuple[IPConfig, ...] = ()
+    ip_configs: tuple[GoCNIIPConfig, ...] = ()
     mac: str = ""
     sandbox: str = ""
     pci_id: str = ""
@@ -73,9 +87,7 @@ class GoCNIResult:
                 else:
                     name = default_ifname
                 entry = interfaces.get(name, InterfaceConfig())
-                interfaces[name] = attrs.evolve(
-                    entry, ip_configs=entry.ip_configs + (IPConfig(ipc.address.ip, ipc.gateway),)
-                )
+                interfaces[name] = attrs.evolve(entry, ip_configs=entry.ip_configs + (GoCNIIPConfig.from_result(ipc),))
             dns.append(current.dns)
             routes.extend(current.routes)
         return cls(interfaces=interfaces, dns=tuple(dns), routes=tuple(routes), raw=tuple(raw))
@@ -87,11 +99,7 @@ class GoCNIResult:
                 name: None
                 if cfg is None
                 else {
-                    "IPConfigs": [
-                        {"IP": str(c.ip), "Gateway": str(c.gateway) if c.gateway is not None else ""}
-                        for c in cfg.ip_configs
-                    ]
-                    or None,
+                    "IPConfigs": [c.to_go_json() for c in cfg.ip_configs] or None,
                     "Mac": cfg.mac,
                     "Sandbox": cfg.sandbox,
                     "PciID": cfg.pci_id,

@@ -23,8 +23,9 @@ from .cache import DEFAULT_CACHE_DIR, CachedAttachment, ResultsCache
 from .config import NetworkConfig, NetworkConfigList, conflist_from_conf
 from .errors import CacheError, CNIError, InvalidArgumentError, MultiError, ResultError, VersionError
 from .failpoints import failpoint
-from .request import Attachment, RuntimeConf, build_config, build_request
+from .runtime_conf import RuntimeConf, build_config, build_request
 from .sdk import default_state_dir
+from .sdk.attachment import GCAttachment
 from .sdk.invoke import VersionInfo, inheriting
 from .sdk.validate import validate_attachment_key, validate_container_id, validate_network_name
 from .types import AnyResult, convert, parse_result
@@ -349,7 +350,7 @@ class Runtime:
 
     # -- GC ------------------------------------------------------------------------------
 
-    def gc_network_list(self, net: NetworkConfigList, valid_attachments: Iterable[Attachment] | None = None) -> None:
+    def gc_network_list(self, net: NetworkConfigList, valid_attachments: Iterable[GCAttachment] | None = None) -> None:
         """DEL cached attachments of this network not in ``valid_attachments`` (all of them when
         ``None``), then send GC to every plugin (≥ 1.1.0). Runs exclusively of ADD/DEL on the
         network; every failure is collected and raised together.
@@ -414,7 +415,7 @@ class Runtime:
             entries = [e for e in self.cache.attachments() if e.network == net.name]
             alive = [_netns.is_netns(e.netns) for e in entries]
             gone = [e for e, ok in zip(entries, alive) if not ok]
-            valid = [Attachment(e.container_id, e.ifname) for e, ok in zip(entries, alive) if ok or dry_run]
+            valid = [GCAttachment(e.container_id, e.ifname) for e, ok in zip(entries, alive) if ok or dry_run]
             stale_names = [f"{e.container_id}/{e.ifname} (netns {e.netns or '-'} gone)" for e in gone]
             if not dry_run:
                 errors += [str(e) for e in self._delete_stale(net, gone, best_effort=True)]

@@ -11,11 +11,10 @@ from typing import Any, TypeVar
 from pycni import netns
 from pycni._json import go_field, go_kind
 from pycni.errors import CNIError, ErrorCode
-from pycni.sdk import GCReport, PluginRequest, delegate
+from pycni.sdk import Attachment, GCAttachment, GCReport, PluginRequest, delegate, ifname_problem
 from pycni.types import Result, convert, parse_result
 
 from .kernel import links, nft
-from .kernel.nft import Attachment
 
 __all__ = [
     "fail",
@@ -29,6 +28,7 @@ __all__ = [
     "prev_result",
     "emit",
     "attachment",
+    "is_link_name",
     "left_behind",
     "DRY_RUN_KEY",
     "dry_run",
@@ -195,6 +195,12 @@ def emit(result: Result, request: PluginRequest) -> dict[str, Any]:
     return convert(result, request.cni_version).to_json()
 
 
+def is_link_name(name: str) -> bool:
+    """Whether a link name a config chooses (a bridge, a VRF) may be used: an interface name
+    (:func:`pycni.sdk.ifname_problem`) without ``"`` or ``\\`` as well."""
+    return ifname_problem(name) is None and '"' not in name and "\\" not in name
+
+
 def attachment(request: PluginRequest) -> Attachment:
     return Attachment(request.network_name, request.container_id, request.ifname)
 
@@ -227,13 +233,7 @@ def valid_attachments(request: PluginRequest) -> set[tuple[str, str]]:
         return set()
     if not isinstance(listed, list):
         raise fail("invalid cni.dev/valid-attachments: expected an array")
-    out = set()
-    for item in listed:
-        if not isinstance(item, Mapping) or not isinstance(item.get("containerID"), str):
-            raise fail(f"invalid cni.dev/valid-attachments entry: {item!r}")
-        ifname = item.get("ifname", "")
-        out.add((item["containerID"], ifname if isinstance(ifname, str) else ""))
-    return out
+    return {(a.container_id, a.ifname) for a in map(GCAttachment.from_json, listed)}
 
 
 def gc_report(removed: list[str]) -> GCReport:

@@ -39,11 +39,11 @@ import attrs
 from pycni import netns
 from pycni import version as _version
 from pycni._json import go_kind
-from pycni.sdk import GCReport, Plugin, PluginRequest
+from pycni.sdk import Attachment, GCReport, Plugin, PluginRequest
 from pycni.types import Interface, Result
 
 from ._common import attachment, dry_run, emit, fail, gc_report, prev_result, valid_attachments
-from .kernel import links, nft, tc
+from .kernel import links, tc
 from .kernel.state import Records
 
 __all__ = ["Bandwidth", "BandwidthPlugin", "load_config", "ifb_name"]
@@ -255,7 +255,7 @@ class BandwidthPlugin(Plugin):
     def gc(self, request: PluginRequest) -> GCReport:
         load_config(request)
         network = request.network_name
-        keep = {nft.Attachment(network, cid, ifname).key for cid, ifname in valid_attachments(request)}
+        keep = {Attachment(network, cid, ifname).key for cid, ifname in valid_attachments(request)}
         removed: list[str] = []
         records = _records(request)
         for name in records.names():

@@ -70,6 +70,7 @@ from ._common import (
     gc_veths,
     in_netns,
     ipam_result,
+    is_link_name,
     open_container,
     prev_result,
 )
@@ -78,7 +79,6 @@ from .kernel import ifconfig, layout, links, nft, owned, sysctl
 __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 
 DEFAULT_BRIDGE = "cni0"
-_IFNAME_BAD = re.compile(r'[/:\s"\\]')
 _MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 _NO_PREV = "Required prevResult missing"
 #: Per attachment: ``{"attachment", "bridge", "bridge_mac", "host"}`` (see the module docstring).
@@ -87,6 +87,9 @@ _NFT_OWNERS = ("masq", "spoofchk")
 
 @attrs.frozen
 class BridgeConfig:
+    """The reference's ``NetConf``, as :func:`load_config` decodes and checks it (what Nomad's
+    agent settings, :class:`pycni.nomad.NomadBridgeConfig`, write a ``bridge`` entry for)."""
+
     bridge: str = DEFAULT_BRIDGE
     is_gateway: bool = False
     is_default_gateway: bool = False
@@ -136,7 +139,7 @@ def load_config(request: PluginRequest) -> BridgeConfig:
     """The bridge config, validated with the reference's errors."""
     f = Fields(request.config, "failed to load netconf")
     bridge = f.string("bridge") or DEFAULT_BRIDGE
-    if len(bridge) > 15 or bridge in (".", "..") or _IFNAME_BAD.search(bridge):
+    if not is_link_name(bridge):
         raise f.error(f'invalid bridge name "{bridge}"')
     vlan = f.integer("vlan")
     if not 0 <= vlan <= 4094:

@@ -171,13 +171,9 @@ _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 def _go_kind(value: Any, *, literal: bool = False) -> str:
     """What Go's ``UnmarshalTypeError`` calls a JSON value (numbers with their text for ints)."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (int, float)):
-        return f"number {value}" if literal else "number"
-    if isinstance(value, str):
-        return "string"
-    return "array" if isinstance(value, list) else "object"
+    if literal and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"number {value}"
+    return _json.go_kind(value)
 
 
 class _Mismatch(Exception):

@@ -19,6 +19,8 @@ import subprocess
 import sys
 from collections.abc import Iterable
 
+from pycni._fs import write_atomic
+
 __all__ = ["install", "list_builtin"]
 
 _HEADER = """#!{python} -IS
@@ -91,20 +93,19 @@ def install(directory: str, types: Iterable[str] | None = None, *, socket: str |
     )
     body = _shim_body()
     written = []
-    for plugin_type in wanted:
-        target = os.path.join(directory, plugin_type)
-        tmp = f"{target}.tmp{os.getpid()}"
-        header = _HEADER.format(
-            python=sys.executable,
-            type=plugin_type,
-            target=targets[plugin_type],
-            socket=socket or DEFAULT_SOCKET,
-            path=path,
-            unavailable=unavailable,
-        )
-        with open(tmp, "w") as f:
-            f.write(header + body)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-        written.append(target)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for plugin_type in wanted:
+            header = _HEADER.format(
+                python=sys.executable,
+                type=plugin_type,
+                target=targets[plugin_type],
+                socket=socket or DEFAULT_SOCKET,
+                path=path,
+                unavailable=unavailable,
+            )
+            write_atomic(dir_fd, plugin_type, (header + body).encode(), mode=0o755)
+            written.append(os.path.join(directory, plugin_type))
+    finally:
+        os.close(dir_fd)
     return written

@@ -44,6 +44,7 @@ import ipaddress
 from typing import Any
 
 from pycni.errors import ConfigError
+from pycni.sdk import Attachment
 
 from .kernel import layout, nft
 
@@ -121,9 +122,9 @@ def _owned_by(network: str, container_id: str, key: str, group: dict[str, Any]) 
         return False
     # The key hashes the exact triple: recomputing it from the comment's ifname is exact. A
     # sanitised or cut ifname cannot be rehashed; then the (sanitised) names must match.
-    if nft.Attachment(network, container_id, parts[4]).key == key:
+    if Attachment(network, container_id, parts[4]).key == key:
         return True
-    safe = nft.Attachment(network, container_id, "").comment("x").split(" ")
+    safe = nft.comment(Attachment(network, container_id, ""), "x").split(" ")
     return parts[2] == safe[2] and parts[3] == safe[3]
 
 

@@ -34,13 +34,11 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-import attrs
-
 from pycni._json import go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
-from pycni.sdk import GCReport, Plugin, PluginRequest
-from pycni.types import Result
+from pycni.sdk import Attachment, GCReport, Plugin, PluginRequest
+from pycni.types import PortMapping, Result
 
 from ._common import (
     Fields,
@@ -56,33 +54,32 @@ from ._common import (
 )
 from .kernel import layout, nft, sysctl
 
-__all__ = ["PortMapping", "PortmapPlugin", "parse_mappings"]
+__all__ = ["PortmapPlugin", "host_address", "parse_mappings"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
-PROTOCOLS = ("tcp", "udp", "sctp")
 _OWNER = "portmap"
 _NOT_CHAINED = "must be called as chained plugin"
 log = logging.getLogger(__name__)
 
 
-@attrs.frozen
-class PortMapping:
-    host_port: int
-    container_port: int
-    protocol: str
-    host_ip: IPAddress | None = None  # None: every local address of the container's family
-    host_ip_family: int = 0  # 4 or 6 when hostIP names a family (also 0.0.0.0 / ::), else 0
-
-
-def _field(entry: Mapping[str, Any], name: str) -> Any:
-    """Go's JSON field matching (``hostPort`` and ``HostPort`` both work)."""
-    return go_field(entry, name)
+def host_address(m: PortMapping) -> tuple[IPAddress | None, int]:
+    """``hostIP`` as (address, family): ``(None, 0)`` for every local address of the container's
+    family; 0.0.0.0 and :: give ``(None, 4 or 6)``: every address of that family only."""
+    if not m.host_ip:
+        return None, 0
+    try:
+        if "%" in m.host_ip:
+            raise ValueError(m.host_ip)  # a zone (fe80::1%eth0) is no host address nftables takes
+        parsed = ipaddress.ip_address(m.host_ip)
+    except ValueError:
+        raise fail(f'invalid host ip "{m.host_ip}" provided for port {m.host_port}') from None
+    return (None if parsed.is_unspecified else parsed), parsed.version
 
 
 def parse_mappings(config: Mapping[str, Any]) -> list[PortMapping]:
-    runtime = _field(config, "runtimeConfig")
-    entries = _field(runtime, "portMappings") if isinstance(runtime, Mapping) else None
+    runtime = go_field(config, "runtimeConfig")
+    entries = go_field(runtime, "portMappings") if isinstance(runtime, Mapping) else None
     if not entries:
         return []
     if not isinstance(entries, list):
@@ -90,34 +87,13 @@ def parse_mappings(config: Mapping[str, Any]) -> list[PortMapping]:
     out: list[PortMapping] = []
     seen: set[tuple[str, int, int, str]] = set()
     for entry in entries:
-        if not isinstance(entry, Mapping):
-            raise fail("failed to parse config: invalid port mapping")
-        host_port, container_port = _field(entry, "hostPort"), _field(entry, "containerPort")
-        protocol = _field(entry, "protocol") or "tcp"
-        host_ip_text = _field(entry, "hostIP") or ""
-        if not isinstance(container_port, int) or isinstance(container_port, bool) or not 0 < container_port < 65536:
-            raise fail(f"Invalid container port number: {container_port}")
-        if not isinstance(host_port, int) or isinstance(host_port, bool) or not 0 < host_port < 65536:
-            raise fail(f"Invalid host port number: {host_port}")
-        if not isinstance(protocol, str) or protocol.lower() not in PROTOCOLS:
-            raise fail(f'unknown protocol "{protocol}"')
-        protocol = protocol.lower()
-        host_ip: IPAddress | None = None
-        family = 0
-        if host_ip_text:
-            try:
-                if not isinstance(host_ip_text, str) or "%" in host_ip_text:
-                    raise ValueError(host_ip_text)  # a zone (fe80::1%eth0) is no host address nftables takes
-                parsed = ipaddress.ip_address(host_ip_text)
-            except ValueError:
-                raise fail(f'invalid host ip "{host_ip_text}" provided for port {host_port}') from None
-            family = parsed.version
-            host_ip = None if parsed.is_unspecified else parsed
-        key = (protocol, host_port, family, str(host_ip))
+        mapping = PortMapping.from_json(entry)
+        host_ip, family = host_address(mapping)
+        key = (mapping.protocol, mapping.host_port, family, str(host_ip))
         if key in seen:
-            raise fail(f"duplicate port mapping {host_ip_text or '*'}:{host_port}/{protocol}")
+            raise fail(f"duplicate port mapping {mapping.host_ip or '*'}:{mapping.host_port}/{mapping.protocol}")
         seen.add(key)
-        out.append(PortMapping(host_port, container_port, protocol, host_ip, family))
+        out.append(mapping)
     return out
 
 
@@ -125,14 +101,14 @@ def _check_options(request: PluginRequest) -> tuple[bool, bool]:
     f = Fields(request.config, "failed to parse config")
     snat = f.flag("snat", default=True)
     masq_all = f.flag("masqAll")
-    bit = _field(request.config, "markMasqBit")
+    bit = go_field(request.config, "markMasqBit")
     external = f.string("externalSetMarkChain")
     if bit is not None and external:
         raise fail("Cannot specify externalSetMarkChain and markMasqBit")
     if bit is not None and (not isinstance(bit, int) or isinstance(bit, bool) or not 0 <= bit <= 31):
         raise fail("MasqMarkBit must be between 0 and 31")
     for key in ("externalSetMarkChain", "conditionsV4", "conditionsV6"):
-        if _field(request.config, key):
+        if go_field(request.config, key):
             raise CNIError(f"{key} is not supported by pycni's nftables portmap", code=ErrorCode.UNSUPPORTED_FIELD)
     return snat, masq_all
 
@@ -158,9 +134,10 @@ def _elements(
     sections: list[nft.Section] = [layout.PORTMAP]
     for addr in addrs:
         for m in mappings:
-            if m.host_ip_family and m.host_ip_family != addr.version:
+            host_ip, family = host_address(m)
+            if family and family != addr.version:
                 continue
-            elements.append(layout.hostport_element(m.protocol, m.host_port, addr.ip, m.container_port, m.host_ip))
+            elements.append(layout.hostport_element(m.protocol, m.host_port, addr.ip, m.container_port, host_ip))
         if snat:
             elements.append(layout.hairpin_element(addr, masq_all))
             sections.append(layout.HAIRPIN_ALL if masq_all else layout.hairpin_subnet(addr.network))
@@ -183,7 +160,7 @@ def _route_localnet(addr: IPInterface) -> None:
 def _flush_udp(mappings: list[PortMapping], addrs: list[IPInterface]) -> None:
     """Forget UDP flows that reached a newly published host port before its DNAT existed."""
     udp = [m for m in mappings if m.protocol == "udp"]
-    wanted = sorted({(a.version, m.host_port) for a in addrs for m in udp if m.host_ip_family in (0, a.version)})
+    wanted = sorted({(a.version, m.host_port) for a in addrs for m in udp if host_address(m)[1] in (0, a.version)})
     if not wanted:
         return
     from .kernel import conntrack  # pyroute2 (~150 ms to import) only where netlink is needed
@@ -216,7 +193,7 @@ def _wildcard(e: nft.Element) -> nft.Element:
     return nft.Element(e.set.removeprefix("hostip_"), proto_port, e.data, e.family)
 
 
-def _shadowed(att: nft.Attachment, wildcard: list[nft.Element]) -> nft.ElementConflict | None:
+def _shadowed(att: Attachment, wildcard: list[nft.Element]) -> nft.ElementConflict | None:
     """A host-IP-specific host port of another attachment that one of ``wildcard`` (every
     address) would shadow. Lists only the host-IP maps, which stay small."""
     prefix = att.key + " "

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
-import re
 import socket
 import time
 from typing import Any
@@ -37,14 +36,13 @@ from pycni.errors import CNIError
 from pycni.sdk import Plugin, PluginRequest
 from pycni.types import Result
 
-from ._common import Fields, emit, fail, in_netns, netns_gone, prev_result
+from ._common import Fields, emit, fail, in_netns, is_link_name, netns_gone, prev_result
 from ._sublink import DRIVERS
 from .kernel import links
 
 __all__ = ["VrfPlugin"]
 
 SUPPORTED = ("0.3.1", "0.4.0", "1.0.0", "1.1.0")
-_IFNAME_BAD = re.compile(r'[/:\s"\\]')
 _RT_SCOPE_UNIVERSE = 0
 _ROUTE_WAIT = tuple(0.01 * 2**i for i in range(9))  # the reference's backoff, 10 ms .. 2.56 s
 
@@ -54,7 +52,7 @@ def _config(request: PluginRequest) -> tuple[str, int]:
     name = f.string("vrfname")
     if not name:
         raise fail("configuration is expected to have a valid vrf name")
-    if len(name) > 15 or name in (".", "..") or _IFNAME_BAD.search(name):
+    if not is_link_name(name):
         raise fail(f'invalid vrf name "{name}": not a valid interface name')
     table = f.integer("table")
     if not 0 <= table < 2**32:

@@ -102,8 +102,8 @@ def _describe(result: AnyResult) -> str:
 def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     """Run the embedded default network over two throwaway containers and prove it works."""
     from .. import netns, probes
-    from ..request import RuntimeConf
     from ..runtime import Runtime
+    from ..runtime_conf import RuntimeConf
     from ..sdk import builtin_plugin
     from ..types import convert
 

@@ -58,10 +58,10 @@ def nomad() -> None:
 @click.option("--consul-cni", is_flag=True, help="Append consul-cni (groups with transparent proxy).")
 def conflist(bridge_name: str, subnet: str, subnet_ipv6: str, hairpin: bool, consul_cni: bool) -> None:
     """Print the bridge conflist exactly as the Nomad client writes it (no trailing newline)."""
-    from ..nomad.conflist import BridgeConfig, bridge_conflist, validate_subnets
+    from ..nomad.conflist import NomadBridgeConfig, bridge_conflist, validate_subnets
 
     validate_subnets(subnet, subnet_ipv6)
-    conf = BridgeConfig(bridge_name, subnet, subnet_ipv6, hairpin, consul_cni).with_defaults()
+    conf = NomadBridgeConfig(bridge_name, subnet, subnet_ipv6, hairpin, consul_cni).with_defaults()
     click.echo(bridge_conflist(conf), nl=False)
 
 
@@ -72,7 +72,7 @@ def ports(alloc_file: IO[bytes], ignore_host_ip: bool) -> None:
     """Print the portMappings capability (label, hostPort, containerPort, protocol[, hostIP])."""
     from ..nomad.ports import port_mappings
 
-    _echo_json([p.to_json() for p in port_mappings(_alloc(alloc_file), ignore_host_ip)])
+    _echo_json(port_mappings(_alloc(alloc_file), ignore_host_ip).to_json())
 
 
 @nomad.command()

@@ -21,8 +21,9 @@ from ..sdk import parse_cni_args
 from ._base import backend_option, cache_dir_option, plugin_path_option, state_dir_option
 
 if TYPE_CHECKING:  # imported where used: the CLI loads the runtime lazily
-    from ..request import Attachment, RuntimeConf
     from ..runtime import Runtime
+    from ..runtime_conf import RuntimeConf
+    from ..sdk import GCAttachment
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,9 +50,9 @@ def load_network(conf_dir: str, name: str) -> config.NetworkConfigList:
 def embedded_network(ipam_data_dir: str | None = None) -> bytes:
     """Nomad's default bridge conflist (nomad, 172.26.64.0/20, loopback/bridge/firewall/portmap),
     its IPAM leases in ``ipam_data_dir`` (default: Nomad's)."""
-    from ..nomad.conflist import DEFAULT_IPAM_DATA_DIR, BridgeConfig, bridge_conflist
+    from ..nomad.conflist import DEFAULT_IPAM_DATA_DIR, NomadBridgeConfig, bridge_conflist
 
-    return bridge_conflist(BridgeConfig(ipam_data_dir=ipam_data_dir or DEFAULT_IPAM_DATA_DIR).with_defaults())
+    return bridge_conflist(NomadBridgeConfig(ipam_data_dir=ipam_data_dir or DEFAULT_IPAM_DATA_DIR).with_defaults())
 
 
 def _timeout_option(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -76,7 +77,7 @@ def _runtime(opts: dict[str, Any]) -> Runtime:
 
 
 def _rt(opts: dict[str, Any], netns: str) -> RuntimeConf:
-    from ..request import RuntimeConf
+    from ..runtime_conf import RuntimeConf
 
     netns_path = os.path.abspath(netns) if netns else ""
     try:
@@ -171,13 +172,13 @@ def delete(network: str, netns: str, best_effort: bool, **opts: Any) -> None:
     _runtime(opts).delete_network_list(net, _rt(opts, netns), best_effort=best_effort)
 
 
-def _attachment(value: str) -> Attachment:
-    from ..request import Attachment
+def _attachment(value: str) -> GCAttachment:
+    from ..sdk import GCAttachment
 
     cid, sep, ifname = value.rpartition(":")
     if not sep or not cid or not ifname:
         raise click.BadParameter(f"{value!r} is not CONTAINER_ID:IFNAME")
-    return Attachment(cid, ifname)
+    return GCAttachment(cid, ifname)
 
 
 @click.command()

@@ -16,7 +16,7 @@ from .bridge import BridgeNetworkConfigurator, ensure_forwarding_rules
 from .cleanup import CleanupReport, force_cleanup
 from .conf import ConfSource, load_cni_conf, network_mode
 from .configurator import NetworkConfigurator, make_client
-from .conflist import BridgeConfig, bridge_conflist, validate_subnets
+from .conflist import NomadBridgeConfig, bridge_conflist, validate_subnets
 from .errors import (
     CheckFailedError,
     CleanupError,
@@ -48,7 +48,7 @@ __all__ = [
     "alloc_net_status",
     "with_consul_dns",
     "result_from_json",
-    "BridgeConfig",
+    "NomadBridgeConfig",
     "bridge_conflist",
     "validate_subnets",
     "ConfSource",

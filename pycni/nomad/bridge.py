@@ -15,7 +15,7 @@ from .. import netns
 from ..errors import CNIError
 from ..sdk import hooks
 from .configurator import GoCNIClient, NetworkConfigurator
-from .conflist import ADMIN_CHAIN, BridgeConfig, bridge_conflist
+from .conflist import ADMIN_CHAIN, NomadBridgeConfig, bridge_conflist
 from .errors import ForwardingRulesError
 from .models import Allocation, Node
 from .tproxy import uses_transparent_proxy
@@ -39,7 +39,13 @@ class BridgeNetworkConfigurator(NetworkConfigurator):
     """
 
     def __init__(
-        self, client: GoCNIClient, bridge: BridgeConfig, node: Node, *, host_netns: str | None = None, **kwargs: Any
+        self,
+        client: GoCNIClient,
+        bridge: NomadBridgeConfig,
+        node: Node,
+        *,
+        host_netns: str | None = None,
+        **kwargs: Any,
     ) -> None:
         self.bridge = bridge.with_defaults()
         self.host_netns = host_netns
@@ -59,7 +65,7 @@ class BridgeNetworkConfigurator(NetworkConfigurator):
         **kwargs: Any,
     ) -> BridgeNetworkConfigurator:
         """As Nomad's ``newBridgeNetworkConfigurator``: consul-cni only for transparent-proxy groups."""
-        config = BridgeConfig(bridge_name, subnet, subnet_ipv6, hairpin, uses_transparent_proxy(alloc.group))
+        config = NomadBridgeConfig(bridge_name, subnet, subnet_ipv6, hairpin, uses_transparent_proxy(alloc.group))
         return cls(client, config, node, **kwargs)
 
     def _prepare(self) -> None:

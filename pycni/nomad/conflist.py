@@ -4,7 +4,7 @@ loopback → bridge (host-local IPAM, masquerade, gateway) → firewall (iptable
 ``NOMAD-ADMIN``) → portmap (snat), plus consul-cni when the group uses transparent proxy. The
 network is always named ``nomad``, whatever the bridge is called. Serialised like Go's
 ``json.MarshalIndent(conf, "", "\\t")``: tab indent, keys in struct order, Go's escaping, no
-trailing newline. :class:`BridgeConfig` does not apply defaults; :meth:`BridgeConfig.with_defaults`
+trailing newline. :class:`NomadBridgeConfig` does not apply defaults; :meth:`NomadBridgeConfig.with_defaults`
 does what the client does first, and :func:`validate_subnets` is the agent's config check.
 """
 
@@ -20,7 +20,7 @@ from .. import _json
 from ..errors import ConfigError
 
 __all__ = [
-    "BridgeConfig",
+    "NomadBridgeConfig",
     "bridge_conflist",
     "validate_subnets",
     "NETWORK_NAME",
@@ -40,8 +40,15 @@ _PREFIX_LEN = re.compile(r"[0-9]+")
 
 
 @attrs.frozen
-class BridgeConfig:
-    """Nomad's ``NomadBridgeConfig`` (the admin chain is always ``NOMAD-ADMIN``)."""
+class NomadBridgeConfig:
+    """Nomad's ``NomadBridgeConfig`` (the admin chain is always ``NOMAD-ADMIN``).
+
+    The client agent's bridge settings, from which :func:`bridge_conflist` writes a whole
+    conflist (loopback, bridge, firewall, portmap[, consul-cni]). Not the bridge plugin's config
+    (:class:`pycni_plugins.bridge.BridgeConfig`, the reference's ``NetConf``: twenty fields the
+    plugin decodes from any conf, with defaults, CNI_ARGS and checks): the ``bridge`` entry
+    written here is Nomad's Go literal, six keys in its order, which that plugin then decodes.
+    """
 
     bridge_name: str = ""
     ipv4_subnet: str = ""
@@ -52,14 +59,14 @@ class BridgeConfig:
     #: leases elsewhere, such as ``pycni demo``.
     ipam_data_dir: str = DEFAULT_IPAM_DATA_DIR
 
-    def with_defaults(self) -> BridgeConfig:
+    def with_defaults(self) -> NomadBridgeConfig:
         """Empty bridge name and IPv4 subnet replaced by ``nomad`` and ``172.26.64.0/20``."""
         return attrs.evolve(
             self, bridge_name=self.bridge_name or DEFAULT_BRIDGE_NAME, ipv4_subnet=self.ipv4_subnet or DEFAULT_SUBNET
         )
 
 
-def bridge_conflist(conf: BridgeConfig) -> bytes:
+def bridge_conflist(conf: NomadBridgeConfig) -> bytes:
     ranges: list[Any] = [[{"subnet": conf.ipv4_subnet}]]
     routes: list[Any] = [{"dst": "0.0.0.0/0"}]
     if conf.ipv6_subnet:

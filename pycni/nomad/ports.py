@@ -14,6 +14,7 @@ from typing import Any
 
 import attrs
 
+from ..types import PortMapping
 from .models import Allocation
 
 __all__ = ["PortMapping", "PortMappings", "port_mappings"]
@@ -27,41 +28,24 @@ def _int32(value: int) -> int:
 
 
 @attrs.frozen
-class PortMapping:
-    label: str
-    host_port: int
-    container_port: int
-    protocol: str
-    host_ip: str = ""
-
-    def to_capability(self) -> dict[str, Any]:
-        """The ``portMappings`` entry (``hostIP`` only when set, as the portmap plugin reads it)."""
-        out: dict[str, Any] = {
-            "hostPort": self.host_port,
-            "containerPort": self.container_port,
-            "protocol": self.protocol,
-        }
-        if self.host_ip:
-            out["hostIP"] = self.host_ip
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, **self.to_capability()}
-
-
-@attrs.frozen
 class PortMappings:
-    """The mappings in order, and ``labels``: label → index of its last mapping."""
+    """What Nomad's ``getPortMapping`` returns: the mappings in order, and ``labels``: label →
+    index of its last mapping; ``port_labels`` is each mapping's label (for ``pycni nomad ports``)."""
 
     ports: tuple[PortMapping, ...] = ()
     labels: Mapping[str, int] = attrs.field(factory=dict)
+    port_labels: tuple[str, ...] = ()
 
     def get(self, label: str) -> PortMapping | None:
         index = self.labels.get(label)
         return None if index is None else self.ports[index]
 
     def capability(self) -> list[dict[str, Any]]:
-        return [p.to_capability() for p in self.ports]
+        return [p.to_json() for p in self.ports]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """Each mapping's capability entry after its ``label``."""
+        return [{"label": label, **p.to_json()} for label, p in zip(self.port_labels, self.ports)]
 
     def __iter__(self) -> Iterator[PortMapping]:
         return iter(self.ports)
@@ -82,10 +66,12 @@ def port_mappings(alloc: Allocation, ignore_host_ip: bool) -> PortMappings:
             found.append((mapped.label, mapped.value, mapped.to, "" if ignore_host_ip else mapped.host_ip))
 
     ports: list[PortMapping] = []
+    port_labels: list[str] = []
     labels: dict[str, int] = {}
     for label, value, to, host_ip in found:
         container = value if to < 1 else to
         for proto in PROTOCOLS:
-            ports.append(PortMapping(label, _int32(value), _int32(container), proto, host_ip))
+            ports.append(PortMapping(_int32(value), _int32(container), proto, host_ip))
+            port_labels.append(label)
             labels[label] = len(ports) - 1
-    return PortMappings(tuple(ports), labels)
+    return PortMappings(tuple(ports), labels, tuple(port_labels))

@@ -16,7 +16,7 @@ from typing import Any
 import attrs
 
 from ..errors import CNIError
-from ..gocni_result import GoCNIResult, InterfaceConfig, IPConfig
+from ..gocni_result import GoCNIIPConfig, GoCNIResult, InterfaceConfig
 from ..types import DNS, parse_result
 from .errors import DecodeError, StatusError
 
@@ -155,7 +155,7 @@ def _go_interface(value: Any, path: str) -> InterfaceConfig | None:
             raise DecodeError(where, "expected an object")
         gateway = entry.get("Gateway")
         ips.append(
-            IPConfig(
+            GoCNIIPConfig(
                 _ip(entry.get("IP"), f"{where}.IP"),
                 None if gateway in (None, "") else _ip(gateway, f"{where}.Gateway"),  # Go writes nil as ""
             )

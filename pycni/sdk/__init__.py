@@ -14,6 +14,7 @@ delegation), :mod:`.args` (``CNI_ARGS``), :mod:`.validate` (names, IDs, ifnames)
 from __future__ import annotations
 
 from .args import load_args, parse_cni_args
+from .attachment import Attachment, GCAttachment
 from .invoke import find_plugin
 from .plugin import (
     COMMANDS,
@@ -27,11 +28,19 @@ from .plugin import (
     internal_errors,
 )
 from .request import DEFAULT_STATE_DIR, STATE_DIR_ENV, PluginRequest, default_state_dir
-from .validate import validate_attachment_key, validate_container_id, validate_ifname, validate_network_name
+from .validate import (
+    ifname_problem,
+    validate_attachment_key,
+    validate_container_id,
+    validate_ifname,
+    validate_network_name,
+)
 
 __all__ = [
+    "Attachment",
     "COMMANDS",
     "DEFAULT_STATE_DIR",
+    "GCAttachment",
     "STATE_DIR_ENV",
     "GCReport",
     "Plugin",
@@ -43,6 +52,7 @@ __all__ = [
     "environ",
     "environment",
     "find_plugin",
+    "ifname_problem",
     "internal_errors",
     "load_args",
     "parse_cni_args",

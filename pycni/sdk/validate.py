@@ -11,6 +11,7 @@ __all__ = [
     "validate_network_name",
     "validate_container_id",
     "validate_ifname",
+    "ifname_problem",
     "validate_attachment_key",
 ]
 
@@ -37,16 +38,25 @@ def validate_container_id(container_id: str) -> None:
         raise InvalidArgumentError("invalid characters in containerID", container_id)
 
 
-def validate_ifname(ifname: str) -> None:
-    """Linux interface name rules (IFNAMSIZ): 1..15 bytes, not ``.``/``..``, no ``/ :`` or spaces."""
+def ifname_problem(ifname: str) -> tuple[str, str] | None:
+    """What makes ``ifname`` no Linux interface name (IFNAMSIZ: 1..15 bytes, not ``.``/``..``,
+    no ``/ :``, whitespace or NUL) as (message, details); None when it is one."""
     if not ifname:
-        raise InvalidArgumentError("interface name is empty")
+        return "interface name is empty", ""
     if len(ifname.encode("utf-8", "surrogatepass")) > 15:
-        raise InvalidArgumentError("interface name is too long", "interface name should be less than 16 characters")
+        return "interface name is too long", "interface name should be less than 16 characters"
     if ifname in (".", ".."):
-        raise InvalidArgumentError("interface name is . or ..")
+        return "interface name is . or ..", ""
     if any(c in "/:" or c.isspace() or c == "\x00" for c in ifname):
-        raise InvalidArgumentError("interface name contains / or : or whitespace characters")
+        return "interface name contains / or : or whitespace characters", ""
+    return None
+
+
+def validate_ifname(ifname: str) -> None:
+    """Refuse what :func:`ifname_problem` finds (code 4)."""
+    problem = ifname_problem(ifname)
+    if problem is not None:
+        raise InvalidArgumentError(*problem)
 
 
 def validate_attachment_key(network: str, container_id: str, ifname: str) -> None:

@@ -5,6 +5,7 @@
   the dict Go would emit for that version.
 - :func:`parse_result` decodes untrusted plugin output with libcni's version fixup, and raises
   only :class:`~pycni.errors.ResultError`.
+- :class:`PortMapping`: one ``portMappings`` capability entry (runtime → portmap plugin).
 - :func:`convert` turns any result into any version with libcni's (sometimes lossy) rules.
 """
 
@@ -12,6 +13,7 @@ from ._common import DNS, IPAddress, IPInterface, Route
 from .convert import AnyResult, convert
 from .current import Interface, IPConfig, Result
 from .parse import parse_result
+from .ports import PortMapping
 from .v020 import IPConfig020, Result020
 from .v040 import IPConfig040, Result040
 
@@ -24,6 +26,7 @@ __all__ = [
     "IPConfig040",
     "IPInterface",
     "Interface",
+    "PortMapping",
     "Result",
     "Result020",
     "Result040",

@@ -4,7 +4,6 @@ validated as the reference's ``allocator.LoadIPAMConfig`` does, with its error t
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -13,7 +12,7 @@ import attrs
 from pycni import version as _version
 from pycni._json import GoFields
 from pycni.errors import CNIError, ConfigError
-from pycni.sdk import PluginRequest
+from pycni.sdk import PluginRequest, validate_network_name
 from pycni.types import IPAddress, Route
 from pycni.types import _common as _types
 
@@ -25,7 +24,6 @@ DEFAULT_DATA_DIR = "/var/lib/cni/networks"
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _ROUTE_INTS = ("mtu", "advmss", "priority", "table", "scope")
 
 
@@ -282,14 +280,6 @@ def _canonical_set(raw_set: list[_RawRange]) -> RangeSet:
     return tuple(ranges)
 
 
-def _check_network_name(name: str) -> None:
-    """skel's check (code 7), repeated here because the name becomes a directory under ``dataDir``."""
-    if not name:
-        raise ConfigError("missing network name")
-    if not _NAME.fullmatch(name):
-        raise ConfigError("invalid characters found in network name", name)
-
-
 def _check_data_dir(data_dir: str) -> None:
     if "\0" in data_dir or ".." in data_dir.split("/"):
         raise ConfigError(f'invalid dataDir "{data_dir}"', 'it must not contain ".." components or NUL')
@@ -297,7 +287,7 @@ def _check_data_dir(data_dir: str) -> None:
 
 def load_config(request: PluginRequest) -> HostLocalConfig:
     """Decode and validate as the reference does, with its error texts (code 999)."""
-    _check_network_name(request.network_name)
+    validate_network_name(request.network_name)  # skel's check again: the name becomes a dir under dataDir
     top = _fields(request.config, ("ipam", "runtimeConfig", "args"))
     ipam_raw = top.get("ipam")
     ipam = _fields(

@@ -56,7 +56,6 @@ Design (what and why)
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import secrets
@@ -71,6 +70,7 @@ import attrs
 
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
+from pycni.sdk import Attachment
 
 from . import nfnl
 from .state import Records
@@ -82,7 +82,7 @@ __all__ = [
     "NftNotFound",
     "NftBusy",
     "NftInterrupted",
-    "Attachment",
+    "comment",
     "Element",
     "Section",
     "run",
@@ -164,22 +164,11 @@ def _error(err: str | None) -> NftError:
     return cls(first, text)
 
 
-@attrs.frozen
-class Attachment:
-    """One (network, container ID, interface) attachment: the unit that owns elements."""
-
-    network: str
-    container_id: str
-    ifname: str
-
-    @property
-    def key(self) -> str:
-        raw = "\0".join((self.network, self.container_id, self.ifname)).encode()
-        return hashlib.sha256(raw).hexdigest()[:20]
-
-    def comment(self, owner: str) -> str:
-        parts = (self.key, owner, self.network, self.container_id, self.ifname)
-        return " ".join(_UNSAFE.sub("_", p) for p in parts)[:_COMMENT_MAX]
+def comment(attachment: Attachment, owner: str) -> str:
+    """The comment an ``owner``'s element carries: the attachment's key, the owner, then the
+    attachment in nft-safe characters (for a reader), within nft's comment length."""
+    parts = (attachment.key, owner, attachment.network, attachment.container_id, attachment.ifname)
+    return " ".join(_UNSAFE.sub("_", p) for p in parts)[:_COMMENT_MAX]
 
 
 @attrs.frozen
@@ -500,13 +489,13 @@ def apply(
     stale = [e for e in old if e not in wanted]
     _store(records, attachment, owner, [*stale, *(e for e in wanted if e in old)], [e for e in wanted if e not in old])
     failpoint(f"nft.apply.{owner}.after-record")
-    comment = attachment.comment(owner)
+    text = comment(attachment, owner)
     extra = [e.add() for e in shared]
     keys = {(e.family, e.set, e.key) for e in wanted}
     probes = [e for e in absent if (e.family, e.set, e.key) not in keys]
     try:
         try:
-            _commit([*_drop(stale), *(e.create(comment) for e in wanted), *_probe(probes), *extra], sections, records)
+            _commit([*_drop(stale), *(e.create(text) for e in wanted), *_probe(probes), *extra], sections, records)
         except ElementConflict:
             conflict = _conflict(attachment, [*wanted, *probes])
             if conflict is not None:
@@ -514,7 +503,7 @@ def apply(
             # Every key that is there is ours already (a repeated ADD): keep those.
             prefix = attachment.key + " "
             ours = {e for e in [*wanted, *probes] if (holder(e) or "").startswith(prefix)}
-            again = [e.add(comment) if e in ours else e.create(comment) for e in wanted]
+            again = [e.add(text) if e in ours else e.create(text) for e in wanted]
             _commit([*_drop(stale), *again, *_probe([e for e in probes if e not in ours]), *extra], sections, records)
     except BaseException:
         if loaded is not None:
@@ -1084,7 +1073,7 @@ def restore(
         try:
             ensure(sections_for(missing_), force=True)
             _reclaim(records)
-            run([e.add(att.comment(owner)) for e in missing_])
+            run([e.add(comment(att, owner)) for e in missing_])
         except NftError as e:
             out.append(f"could not restore {len(missing_)} {owner} element(s) of {who}: {e.msg}")
             continue

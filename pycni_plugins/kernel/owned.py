@@ -38,10 +38,10 @@ from typing import Any
 import attrs
 
 from pycni import netns
+from pycni.sdk import Attachment
 
 from .._common import fail, netns_gone
 from . import links
-from .nft import Attachment
 from .state import Records
 
 __all__ = ["KINDS", "VETH_KINDS", "LINK_KINDS", "LinkRecords", "delete_container_link"]

@@ -6,7 +6,7 @@ elements, veths) that a reboot wipes too. Where ``/run`` survives a reboot, the 
 what they describe; the epoch check in :mod:`.nft` and ``pycni gc --reconcile`` deal with that.
 Directories are 0700 and files 0600; every path below the state dir
 is opened relative to a directory fd with ``O_NOFOLLOW``, so a symlink planted in the state dir
-is refused rather than followed. Writes are atomic (temporary file + ``rename``).
+is refused rather than followed. Writes are atomic and durable (:func:`pycni._fs.write_atomic`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 from collections.abc import Iterator
 from typing import Any, Literal, overload
 
-from pycni._fs import check_private_dir
+from pycni._fs import check_private_dir, write_atomic
 from pycni.errors import CNIError, ErrorCode
 
 __all__ = ["Records"]
@@ -98,18 +97,14 @@ class Records:
                 return json.loads(f.read())
 
     def store(self, name: str, data: Any) -> None:
-        with self._dir(create=True) as d, _temp_copy(d, name, data) as tmp:
-            os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+        with self._dir(create=True) as d:
+            write_atomic(d, _check_name(name), _payload(data))
 
     def create(self, name: str, data: Any) -> bool:
         """Write the record only if there is none (atomically: the first of racing writers
         wins); False when it already existed."""
-        with self._dir(create=True) as d, _temp_copy(d, name, data) as tmp:
-            try:
-                os.link(tmp, name, src_dir_fd=d, dst_dir_fd=d)
-            except FileExistsError:
-                return False
-            return True
+        with self._dir(create=True) as d:
+            return write_atomic(d, _check_name(name), _payload(data), exclusive=True)
 
     def remove(self, name: str) -> bool:
         with self._dir(create=False) as d:
@@ -128,17 +123,5 @@ class Records:
             return sorted(n for n in os.listdir(d) if not n.startswith("."))
 
 
-@contextlib.contextmanager
-def _temp_copy(d: int, name: str, data: Any) -> Iterator[str]:
-    """``data`` as JSON in a fresh temp file next to ``name`` in ``d``; the temp name is gone
-    after the block (renamed by it, or unlinked)."""
-    payload = json.dumps(data, separators=(",", ":")).encode()
-    tmp = f".{_check_name(name)}.{secrets.token_hex(4)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        yield tmp
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=d)
+def _payload(data: Any) -> bytes:
+    return json.dumps(data, separators=(",", ":")).encode()

@@ -28,9 +28,9 @@ import attrs
 
 from pycni import netns, probes
 from pycni.config import NetworkConfigList, conflist_from_bytes
-from pycni.nomad.conflist import BridgeConfig, bridge_conflist
-from pycni.request import RuntimeConf
+from pycni.nomad.conflist import NomadBridgeConfig, bridge_conflist
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
 from pycni.types import AnyResult
 from tests.conftest import REFERENCE_PLUGIN_DIR
 
@@ -77,7 +77,7 @@ V6_RANGES = [[{"subnet": "fd00:18::/64"}]]
 
 def nomad_chain(data_dir: str) -> bytes:
     """Nomad's own bridge conflist, byte for byte, with only its IPAM dataDir moved."""
-    conf = json.loads(bridge_conflist(BridgeConfig().with_defaults()))
+    conf = json.loads(bridge_conflist(NomadBridgeConfig().with_defaults()))
     conf["plugins"][1]["ipam"]["dataDir"] = data_dir
     return json.dumps(conf).encode()
 

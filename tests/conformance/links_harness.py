@@ -19,8 +19,8 @@ from typing import Any
 
 from pycni import netns, probes
 from pycni.config import conflist_from_bytes
-from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
 from pycni.sdk import PluginRequest, builtin_plugin
 from pycni.sdk.invoke import exec_plugin
 from pycni.types import AnyResult

@@ -327,8 +327,8 @@ def _podman_conflist(data_dir: str) -> bytes:
 def test_podmans_default_conflist_runs_on_pycnis_plugins(make_netns, tmp_path, pycni_bindir, backend, monkeypatch):
     from pycni import probes
     from pycni.config import conflist_from_bytes
-    from pycni.request import RuntimeConf
     from pycni.runtime import Runtime
+    from pycni.runtime_conf import RuntimeConf
 
     monkeypatch.setenv("PYCNI_STATE_DIR", str(tmp_path / "state"))
     host, ctr = make_netns("host"), make_netns("c")

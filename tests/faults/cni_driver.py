@@ -17,8 +17,8 @@ def main() -> int:
     spec = json.loads(sys.argv[1])
     from pycni.config import conflist_from_bytes
     from pycni.errors import CNIError
-    from pycni.request import RuntimeConf
     from pycni.runtime import Runtime
+    from pycni.runtime_conf import RuntimeConf
 
     network = conflist_from_bytes(spec["conflist"].encode())
     runtime = Runtime(

@@ -19,8 +19,8 @@ import pytest
 
 from pycni import netns, probes
 from pycni.config import NetworkConfigList, conflist_from_bytes
-from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
 from tests.helpers.kernel import links
 
 REPO = Path(__file__).parents[2]

@@ -19,8 +19,8 @@ def main() -> None:
     from pycni import failpoints, netns
     from pycni.config import conflist_from_bytes
     from pycni.errors import CNIError
-    from pycni.request import RuntimeConf
     from pycni.runtime import Runtime
+    from pycni.runtime_conf import RuntimeConf
 
     network = conflist_from_bytes(conflist.encode())
     runtime = Runtime([], cache_dir=cache_dir, backend="inprocess")

@@ -14,8 +14,8 @@ import pytest
 
 from pycni import netns
 from pycni.errors import CNIError, ErrorCode
-from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
 from pycni_plugins.install import install
 from pycni_plugins.kernel import links as kernel_links
 from tests.faults.conftest import World, conflist, ok

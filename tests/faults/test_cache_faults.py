@@ -12,8 +12,8 @@ import pytest
 
 from pycni.config import conflist_from_bytes
 from pycni.errors import CacheError
-from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
 
 RT = RuntimeConf(container_id="ctr", netns="/run/netns/ctr", ifname="eth0")
 
@@ -60,7 +60,7 @@ READ_ONLY_SCRIPT = textwrap.dedent(
     import json, sys
     from pycni.config import conflist_from_bytes
     from pycni.errors import CacheError
-    from pycni.request import RuntimeConf
+    from pycni.runtime_conf import RuntimeConf
     from pycni.runtime import Runtime
     plugin_dir, cache, conflist = sys.argv[1:4]
     runtime = Runtime([plugin_dir], cache_dir=cache, backend="exec")

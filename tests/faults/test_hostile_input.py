@@ -11,8 +11,8 @@ import pytest
 
 from pycni.config import conflist_from_bytes
 from pycni.errors import CNIError
-from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
 from tests.helpers.kernel import links, nft_ruleset
 
 pytestmark = pytest.mark.privileged

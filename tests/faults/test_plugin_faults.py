@@ -11,8 +11,8 @@ import pytest
 
 from pycni.config import conflist_from_bytes
 from pycni.errors import MultiError, PluginError, PluginTimeoutError, ResultError
-from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
 from tests.helpers.fake import alive
 
 RT = RuntimeConf(container_id="faulty", netns="/run/netns/faulty", ifname="eth0")

@@ -10,8 +10,8 @@ import pytest
 
 from pycni import netns
 from pycni.config import conflist_from_bytes
-from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
 from pycni.sdk import PluginRequest, builtin_plugin
 from pycni_plugins.macvlan import MacvlanPlugin
 

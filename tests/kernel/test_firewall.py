@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pycni.errors import CNIError
+from pycni.sdk import Attachment
 from pycni_plugins.firewall import FirewallPlugin
 
 pytestmark = pytest.mark.privileged
@@ -98,7 +99,7 @@ def test_a_del_after_an_add_killed_before_its_commit_keeps_the_holders_element(h
     plugin = FirewallPlugin()
     plugin.handle(kit.request("ADD", _fw(), "victim", "/x"))
     before = kit.nft_elements()
-    thief = nft.Attachment("testnet", "thief", "eth0")
+    thief = Attachment("testnet", "thief", "eth0")
     nft._store(
         nft._records(state_dir), thief, "firewall", [], [layout.firewall_element(ipaddress.ip_address("10.77.0.2"))]
     )

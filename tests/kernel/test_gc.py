@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from pycni.errors import CNIError, ErrorCode
-from pycni.sdk import PluginRequest
+from pycni.sdk import Attachment, PluginRequest
 from pycni.sdk.skel import run as skel_run
 from pycni_plugins.bridge import BridgePlugin
 from pycni_plugins.firewall import FirewallPlugin
@@ -231,8 +231,8 @@ def test_exec_d_gc_prints_nothing(host, kit, tmp_path):
 
 # -- the nftables layer ---------------------------------------------------------------------------
 
-A = nft.Attachment("net1", "a", "eth0")
-B = nft.Attachment("net1", "b", "eth0")
+A = Attachment("net1", "a", "eth0")
+B = Attachment("net1", "b", "eth0")
 ADDR = ipaddress.ip_interface("198.18.72.5/24")
 SECTIONS = (layout.MASQ, layout.masq_subnet(ADDR.network))
 

@@ -140,8 +140,8 @@ def test_a_fifo_is_refused_at_once_not_waited_on(tmp_path):
 @pytest.mark.parametrize("backend", ["inprocess", "exec"])
 def test_a_fifo_as_the_container_netns_fails_add_and_del_within_a_second(backend, host_ns, tmp_path, kit):
     from pycni.config import conflist_from_bytes
-    from pycni.request import RuntimeConf
     from pycni.runtime import Runtime
+    from pycni.runtime_conf import RuntimeConf
     from pycni_plugins.install import install
 
     bindir = tmp_path / "bin"

@@ -12,12 +12,13 @@ import subprocess
 import pytest
 
 from pycni import netns
+from pycni.sdk import Attachment
 from pycni_plugins.kernel import layout, nfnl, nft
 
 pytestmark = pytest.mark.privileged
 
 A4 = ipaddress.ip_interface("10.88.0.5/16")
-ATT = nft.Attachment("net1", "c1", "eth0")
+ATT = Attachment("net1", "c1", "eth0")
 SECTIONS = (layout.PORTMAP, layout.hairpin_subnet(A4.network))
 
 
@@ -158,7 +159,7 @@ def test_apply_release_and_record(host, kit, state_dir):
 def test_conflict_changes_nothing(host, kit, state_dir):
     nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
     before = kit.nft_ruleset()
-    other = nft.Attachment("net1", "c2", "eth0")
+    other = Attachment("net1", "c2", "eth0")
     with pytest.raises(nft.ElementConflict):
         b = ipaddress.ip_interface("10.88.0.6/16")
         nft.apply(

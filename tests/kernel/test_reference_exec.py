@@ -15,8 +15,8 @@ import pytest
 from pycni import probes
 from pycni.config import conflist_from_bytes
 from pycni.errors import PluginError
-from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
 from tests.conftest import REFERENCE_PLUGIN_DIR
 from tests.helpers.kernel import links, nft_ruleset
 

@@ -12,8 +12,9 @@ import pytest
 from pycni import netns
 from pycni.config import conflist_from_bytes
 from pycni.errors import CNIError, ErrorCode
-from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
+from pycni.sdk import Attachment
 from pycni_plugins.kernel import nft
 
 pytestmark = pytest.mark.privileged
@@ -67,7 +68,7 @@ def test_two_runtimes_with_two_state_dirs_in_one_process_keep_their_records_apar
         network = _network(f"net{tag}", f"pbr{tag}", subnet, str(tmp_path / f"ipam-{tag}"))
         ports = {"portMappings": [{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]}
         sides[tag] = (runtime, network, RuntimeConf(CID, ctr.path, ifname, capability_args=ports))
-    keys = {tag: nft.Attachment(net.name, CID, rt.ifname).key for tag, (_, net, rt) in sides.items()}
+    keys = {tag: Attachment(net.name, CID, rt.ifname).key for tag, (_, net, rt) in sides.items()}
     for runtime, network, rt in sides.values():
         runtime.add_network_list(network, rt)
 

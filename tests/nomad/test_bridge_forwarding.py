@@ -16,7 +16,7 @@ import pytest
 from pycni import netns
 from pycni.errors import ConfigError
 from pycni.nomad.bridge import BridgeNetworkConfigurator, ensure_forwarding_rules
-from pycni.nomad.conflist import ADMIN_CHAIN, BridgeConfig
+from pycni.nomad.conflist import ADMIN_CHAIN, NomadBridgeConfig
 from pycni.nomad.errors import ForwardingRulesError
 from pycni.nomad.models import Allocation, Node
 from pycni_plugins.nomad import forwarding_rule_commands
@@ -174,7 +174,7 @@ def test_setup_ensures_the_rule_first_and_wraps_its_errors(
     alloc = Allocation.from_json(fixture_json("bridge_ports_alloc.json"))
     node = Node.from_json(fixture_json("node.json"))
     client = RecordingClient()
-    conf = BridgeNetworkConfigurator(client, BridgeConfig(), node, host_netns=host_ns.path)
+    conf = BridgeNetworkConfigurator(client, NomadBridgeConfig(), node, host_netns=host_ns.path)
     assert conf.network_name == "nomad" and b'"bridge": "nomad"' in conf.conf.list_bytes
     assert conf.setup(alloc, "/run/netns/x", created=True) is not None
     assert admin_rules(host_ns.path) == ["-o nomad -d 172.26.64.0/20 -j ACCEPT"]  # the client's defaults
@@ -186,7 +186,7 @@ def test_setup_ensures_the_rule_first_and_wraps_its_errors(
 
     other = make_netns("host2")
     bad = RecordingClient()
-    broken = BridgeNetworkConfigurator(bad, BridgeConfig(ipv4_subnet="a.b.c.d/z"), node, host_netns=other.path)
+    broken = BridgeNetworkConfigurator(bad, NomadBridgeConfig(ipv4_subnet="a.b.c.d/z"), node, host_netns=other.path)
     with pytest.raises(ForwardingRulesError) as info:
         broken.setup(alloc, "/run/netns/x", created=True)
     assert str(info.value) == 'failed to initialize table forwarding rules: invalid IPv4 subnet "a.b.c.d/z"'

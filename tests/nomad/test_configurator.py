@@ -14,10 +14,10 @@ import pytest
 
 from pycni import client
 from pycni.errors import CNIError, ErrorCode, PluginError
-from pycni.gocni_result import GoCNIResult, InterfaceConfig, IPConfig
+from pycni.gocni_result import GoCNIIPConfig, GoCNIResult, InterfaceConfig
 from pycni.nomad.cleanup import CleanupReport
 from pycni.nomad.configurator import NetworkConfigurator
-from pycni.nomad.conflist import BridgeConfig, bridge_conflist
+from pycni.nomad.conflist import NomadBridgeConfig, bridge_conflist
 from pycni.nomad.errors import CheckFailedError, CleanupError, InitError, SetupError, TransparentProxyError
 from pycni.nomad.models import Allocation, Node
 from pycni.nomad.status import AllocNetworkStatus, DNSConfig
@@ -39,7 +39,7 @@ WORKLOAD = {
     "NOMAD_REGION": "global",
 }
 MOCK_RESULT = GoCNIResult(
-    interfaces={"eth0": InterfaceConfig(ip_configs=(IPConfig(ip_address("99.99.99.99")),))}, dns=(DNS(),)
+    interfaces={"eth0": InterfaceConfig(ip_configs=(GoCNIIPConfig(ip_address("99.99.99.99")),))}, dns=(DNS(),)
 )
 
 
@@ -114,7 +114,7 @@ def configurator(
     record = sleeps if sleeps is not None else []
     return NetworkConfigurator(
         cni,
-        bridge_conflist(BridgeConfig().with_defaults()),
+        bridge_conflist(NomadBridgeConfig().with_defaults()),
         node,
         sleep=record.append,
         rng=rng or FixedRng(0, 0, 0),

@@ -8,7 +8,7 @@ import pytest
 
 from pycni import _json
 from pycni.errors import ConfigError
-from pycni.nomad.conflist import BridgeConfig, bridge_conflist, validate_subnets
+from pycni.nomad.conflist import NomadBridgeConfig, bridge_conflist, validate_subnets
 
 from .conftest import FIXTURES
 
@@ -16,11 +16,11 @@ GOLDEN = FIXTURES / "conflist"
 
 # Nomad's Test_buildNomadBridgeNetConfig cases; the fixtures are Nomad's files, unchanged.
 CASES = {
-    "empty": BridgeConfig(),
-    "ipv6": BridgeConfig("nomad", "172.26.64.0/20", "3fff:cab0:0d13::/120"),
-    "hairpin": BridgeConfig("nomad", "172.26.64.0/20", hairpin_mode=True),
-    "bad_input": BridgeConfig('bad"', "172.26.64.0/20", hairpin_mode=True),
-    "consul-cni": BridgeConfig("nomad", "172.26.64.0/20", hairpin_mode=True, consul_cni=True),
+    "empty": NomadBridgeConfig(),
+    "ipv6": NomadBridgeConfig("nomad", "172.26.64.0/20", "3fff:cab0:0d13::/120"),
+    "hairpin": NomadBridgeConfig("nomad", "172.26.64.0/20", hairpin_mode=True),
+    "bad_input": NomadBridgeConfig('bad"', "172.26.64.0/20", hairpin_mode=True),
+    "consul-cni": NomadBridgeConfig("nomad", "172.26.64.0/20", hairpin_mode=True, consul_cni=True),
 }
 
 
@@ -33,16 +33,16 @@ def test_bridge_conflist_matches_nomads_golden_file(name: str) -> None:
 
 
 def test_defaults_are_what_the_client_applies_and_empty_config_keeps_none() -> None:
-    assert BridgeConfig().with_defaults() == BridgeConfig("nomad", "172.26.64.0/20")
-    assert BridgeConfig("br0", "10.1.0.0/24").with_defaults() == BridgeConfig("br0", "10.1.0.0/24")
+    assert NomadBridgeConfig().with_defaults() == NomadBridgeConfig("nomad", "172.26.64.0/20")
+    assert NomadBridgeConfig("br0", "10.1.0.0/24").with_defaults() == NomadBridgeConfig("br0", "10.1.0.0/24")
 
 
 def test_network_name_is_always_nomad() -> None:
-    assert json.loads(bridge_conflist(BridgeConfig("custom-br", "10.0.0.0/24")))["name"] == "nomad"
+    assert json.loads(bridge_conflist(NomadBridgeConfig("custom-br", "10.0.0.0/24")))["name"] == "nomad"
 
 
 def test_go_html_escaping_in_values() -> None:
-    out = bridge_conflist(BridgeConfig("a<b>&c\u2028", "10.0.0.0/24"))
+    out = bridge_conflist(NomadBridgeConfig("a<b>&c\u2028", "10.0.0.0/24"))
     assert b'"bridge": "a\\u003cb\\u003e\\u0026c\\u2028",' in out
 
 
@@ -83,5 +83,5 @@ def test_validate_subnets_like_the_agent(v4: str, v6: str, error: str | None) ->
 
 
 def test_invalid_utf8_is_coerced_to_the_replacement_character_like_go() -> None:
-    out = bridge_conflist(BridgeConfig("br\udcff0", "10.0.0.0/24"))  # from a surrogate-escaped argv byte
+    out = bridge_conflist(NomadBridgeConfig("br\udcff0", "10.0.0.0/24"))  # from a surrogate-escaped argv byte
     assert '"bridge": "br\ufffd0",'.encode() in out

@@ -19,9 +19,8 @@ def _alloc(shared: dict[str, Any]) -> Allocation:
 
 
 def _tuples(alloc: Allocation, ignore_host_ip: bool = False) -> list[tuple[str, int, int, str, str]]:
-    return [
-        (p.label, p.host_port, p.container_port, p.protocol, p.host_ip) for p in port_mappings(alloc, ignore_host_ip)
-    ]
+    maps = port_mappings(alloc, ignore_host_ip)
+    return [(label, p.host_port, p.container_port, p.protocol, p.host_ip) for label, p in zip(maps.port_labels, maps)]
 
 
 @pytest.mark.parametrize(
@@ -66,7 +65,7 @@ def test_legacy_form_lists_dynamic_before_reserved_and_never_sets_host_ip() -> N
         }
     )
     maps = port_mappings(alloc, ignore_host_ip=False)
-    assert [(p.label, p.protocol) for p in maps] == [
+    assert [(label, p.protocol) for label, p in zip(maps.port_labels, maps)] == [
         ("connect-proxy-testconnect", "tcp"),
         ("connect-proxy-testconnect", "udp"),
         ("http", "tcp"),
@@ -99,7 +98,7 @@ def test_no_ports_and_no_networks_is_an_empty_list() -> None:
 def test_label_lookup_returns_the_udp_entry_and_the_last_duplicate() -> None:
     alloc = _alloc({"Ports": [{"Label": "x", "Value": 1000, "To": 1}, {"Label": "x", "Value": 2000, "To": 2}]})
     maps = port_mappings(alloc, False)
-    assert maps.get("x") == PortMapping("x", 2000, 2, "udp")
+    assert maps.get("x") == PortMapping(2000, 2, "udp")
     assert maps.get("x") is maps.ports[3]
     assert maps.get("missing") is None
 

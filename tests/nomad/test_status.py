@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from pycni.gocni_result import GoCNIResult, InterfaceConfig, IPConfig
+from pycni.gocni_result import GoCNIIPConfig, GoCNIResult, InterfaceConfig
 from pycni.nomad.errors import DecodeError, StatusError
 from pycni.nomad.status import AllocNetworkStatus, DNSConfig, alloc_net_status, result_from_json, with_consul_dns
 from pycni.types import DNS
 
 
 def iface(*ips: str, sandbox: str = "") -> InterfaceConfig:
-    return InterfaceConfig(ip_configs=tuple(IPConfig(ip_address(ip)) for ip in ips), sandbox=sandbox)
+    return InterfaceConfig(ip_configs=tuple(GoCNIIPConfig(ip_address(ip)) for ip in ips), sandbox=sandbox)
 
 
 def result(interfaces: dict[str, InterfaceConfig], dns: tuple[Any, ...] = ()) -> GoCNIResult:
@@ -166,7 +166,7 @@ GO_RESULT = {
 
 def test_go_serialised_result_decodes() -> None:
     res = result_from_json(GO_RESULT)
-    assert res.interfaces["eth0"].ip_configs[0] == IPConfig(ip_address("172.26.64.7"), ip_address("172.26.64.1"))
+    assert res.interfaces["eth0"].ip_configs[0] == GoCNIIPConfig(ip_address("172.26.64.7"), ip_address("172.26.64.1"))
     assert res.interfaces["eth0"].ip_configs[1].gateway is None
     assert alloc_net_status(res).to_json() == {
         "InterfaceName": "eth0",

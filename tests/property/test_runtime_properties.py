@@ -12,7 +12,7 @@ from pycni import _json
 from pycni.cache import CachedAttachment
 from pycni.config import conf_from_bytes, conflist_from_bytes
 from pycni.errors import CNIError, ConfigError, InvalidArgumentError, ResultError
-from pycni.request import format_cni_args
+from pycni.runtime_conf import format_cni_args
 from pycni.sdk import parse_cni_args
 
 SETTINGS = settings(max_examples=300, deadline=None, database=None)

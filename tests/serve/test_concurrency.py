@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from pycni.config import conflist_from_bytes
-from pycni.request import RuntimeConf
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
 from pycni.types import convert
 
 pytestmark = pytest.mark.privileged

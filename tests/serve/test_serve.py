@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pycni import netns
+from pycni.sdk import Attachment
 from tests.helpers import crashing
 
 from .conftest import Outcome, call
@@ -245,12 +246,11 @@ def test_one_worker_serving_callers_of_two_hosts_in_turn_acts_in_each_callers_na
 def test_the_daemon_keeps_records_in_the_state_dir_the_caller_forwards(
     daemon, bindir, make_netns, host_ns, tmp_path, state_dir
 ):
-    from pycni_plugins.kernel import nft
 
     ctr = make_netns("ctr")
     conf = _confs(tmp_path)["bridge"]
     mine = str(tmp_path / "caller-state")
-    key = nft.Attachment("srvnet", "c1", "eth0").key
+    key = Attachment("srvnet", "c1", "eth0").key
     for command in ("ADD", "DEL"):
         env = {**_env(command, ctr.path), "PYCNI_STATE_DIR": mine}
         o = call(bindir, "bridge", env, conf, host=host_ns.path, socket_path=daemon.socket, mode="required")

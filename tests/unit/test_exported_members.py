@@ -29,6 +29,8 @@ PUBLIC = {
         "__version__",
     },
     "pycni.sdk": {
+        "Attachment",
+        "GCAttachment",
         "COMMANDS",
         "DEFAULT_STATE_DIR",
         "STATE_DIR_ENV",
@@ -42,6 +44,7 @@ PUBLIC = {
         "environ",
         "environment",
         "find_plugin",
+        "ifname_problem",
         "internal_errors",
         "load_args",
         "parse_cni_args",
@@ -69,6 +72,7 @@ PUBLIC = {
         "IPConfig040",
         "IPInterface",
         "Interface",
+        "PortMapping",
         "Result",
         "Result020",
         "Result040",
@@ -79,7 +83,7 @@ PUBLIC = {
     "pycni.nomad": {
         "AllocNetworkStatus",
         "Allocation",
-        "BridgeConfig",
+        "NomadBridgeConfig",
         "BridgeNetworkConfigurator",
         "CheckFailedError",
         "CleanupError",

@@ -8,7 +8,7 @@ import pytest
 
 from pycni.errors import CNIError
 from pycni.sdk import PluginRequest
-from pycni_plugins import ipvlan, macvlan, vlan
+from pycni_plugins import bridge, ipvlan, macvlan, vlan, vrf
 from pycni_plugins.kernel.links import Link
 
 
@@ -64,3 +64,16 @@ def test_vlan_check_compares_the_vlan_id_and_mtu():
         vlan._verify(conf)(_link("vlan", 1400), {"IFLA_VLAN_ID": 8})
     with pytest.raises(CNIError, match="configured MTU is 1400, current value is 1500"):
         vlan._verify(conf)(_link("vlan", 1500), {"IFLA_VLAN_ID": 7})
+
+
+@pytest.mark.parametrize("name", ["brüüüüüüüüüüüüü", "a" * 16, "..", "br 0", 'br"0', "br\\0", "br/0"])
+def test_bridge_and_vrf_names_follow_the_one_ifname_rule_counting_bytes(name: str) -> None:
+    # 15 characters but 29 bytes: the kernel's limit is bytes (the old check counted characters).
+    with pytest.raises(CNIError, match="invalid bridge name"):
+        bridge.load_config(_req({"type": "bridge", "bridge": name}))
+    with pytest.raises(CNIError, match="invalid vrf name"):
+        vrf._config(_req({"type": "vrf", "vrfname": name}))
+
+
+def test_a_fifteen_byte_bridge_name_is_fine() -> None:
+    assert bridge.load_config(_req({"type": "bridge", "bridge": "b" * 15})).bridge == "b" * 15

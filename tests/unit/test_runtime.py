@@ -21,9 +21,9 @@ from pycni.errors import (
     PluginTimeoutError,
     VersionError,
 )
-from pycni.request import Attachment, RuntimeConf
 from pycni.runtime import Runtime
-from pycni.sdk import GCReport, Plugin, delegate
+from pycni.runtime_conf import RuntimeConf
+from pycni.sdk import GCAttachment, GCReport, Plugin, delegate
 from tests.helpers import crashing
 from tests.helpers.fake import alive
 
@@ -332,7 +332,7 @@ class TestGC:
         runtime.add_network_list(n, RT)
         runtime.add_network_list(n, RuntimeConf("keep", "/run/netns/keep", args=[("X", "1")]))
         runtime.add_network_list(other, RuntimeConf("elsewhere", "/run/netns/e"))
-        runtime.gc_network_list(n, [Attachment("keep", "eth0")])
+        runtime.gc_network_list(n, [GCAttachment("keep", "eth0")])
         dels = [c for c in fake_plugins.calls() if c["env"]["CNI_COMMAND"] == "DEL"]
         assert [(c["env"]["CNI_CONTAINERID"], c["env"]["CNI_NETNS"], c["env"]["CNI_ARGS"]) for c in dels] == [
             ("ctr1", "/run/netns/ctr1", "K=V")
@@ -365,7 +365,7 @@ class TestGC:
             os.chmod(d, 0o777)
         self._plant_ghost(results, NOBODY)
         with pytest.raises(CacheError, match="refusing cache dir .*results: .*must be private to uid") as info:
-            runtime.gc_network_list(n, [Attachment("victim", "eth0")])
+            runtime.gc_network_list(n, [GCAttachment("victim", "eth0")])
         assert info.value.code == 5
         assert fake_plugins.calls() == []
         with pytest.raises(CacheError, match="refusing cache dir"):
@@ -377,7 +377,7 @@ class TestGC:
         n = net(fake_plugins, fake_plugins.plugin("fake-a"))
         runtime.add_network_list(n, RuntimeConf("victim", "/run/netns/victim"))
         self._plant_ghost(tmp_path / "cache" / "results", NOBODY)
-        runtime.gc_network_list(n, [Attachment("victim", "eth0")])
+        runtime.gc_network_list(n, [GCAttachment("victim", "eth0")])
         assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()] == ["ADD", "GC"]
         with pytest.raises(CacheError, match="not owned by uid"):
             runtime.cache.read("testnet", "ghost", "eth0")

@@ -10,8 +10,9 @@ import pytest
 from pycni.client import CNI, with_conf_list_bytes
 from pycni.config import NetworkConfigList, conflist_from_bytes
 from pycni.errors import CNIError, ErrorCode, PluginError
-from pycni.request import Attachment, RuntimeConf
 from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
+from pycni.sdk import GCAttachment
 from pycni.testing import MockBackend, PluginCall
 
 RT = RuntimeConf(container_id="ctr1", netns="/run/netns/mock-ctr1", ifname="eth0", args=[("K", "V")])
@@ -90,7 +91,7 @@ class TestThroughRuntime:
         for ctr in ("keep", "stale"):
             runtime.add_network_list(chain("bridge", "portmap"), RuntimeConf(ctr, f"/run/netns/{ctr}", "eth0"))
         backend.calls.clear()
-        runtime.gc_network_list(chain("bridge", "portmap"), [Attachment("keep", "eth0")])
+        runtime.gc_network_list(chain("bridge", "portmap"), [GCAttachment("keep", "eth0")])
         assert commands(backend) == [("DEL", "portmap"), ("DEL", "bridge"), ("GC", "bridge"), ("GC", "portmap")]
         assert {c.container_id for c in backend.calls[:2]} == {"stale"}
         valid = [{"containerID": "keep", "ifname": "eth0"}]

@@ -6,14 +6,20 @@ import pytest
 
 from pycni.config import NetworkConfig
 from pycni.errors import InvalidArgumentError
-from pycni.request import (
-    Attachment,
+from pycni.runtime_conf import (
     RuntimeConf,
     build_config,
     build_request,
     format_cni_args,
 )
-from pycni.sdk import DEFAULT_STATE_DIR, PluginRequest, default_state_dir, validate_container_id, validate_ifname
+from pycni.sdk import (
+    DEFAULT_STATE_DIR,
+    GCAttachment,
+    PluginRequest,
+    default_state_dir,
+    validate_container_id,
+    validate_ifname,
+)
 
 
 def plugin(**raw):
@@ -55,7 +61,7 @@ def test_gc_sends_both_attachment_keys_and_no_runtime_config_or_prev_result():
         name="n",
         cni_version="1.1.0",
         gc=True,
-        valid_attachments=[Attachment("c1", "eth0")],
+        valid_attachments=[GCAttachment("c1", "eth0")],
         prev_result={"x": 1},
         capability_args={"portMappings": []},
     )

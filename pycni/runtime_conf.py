@@ -1,4 +1,5 @@
-"""The one place that builds what a plugin is given: its stdin config and ``CNI_*`` parameters.
+"""The runtime's per-call parameters (:class:`RuntimeConf`) and the one place that builds what a
+plugin is given from them: its stdin config and ``CNI_*`` parameters.
 
 libcni's ``buildOneConfig``: ``name`` and ``cniVersion`` come from the list (overwriting the
 plugin's), ``prevResult`` is injected when there is one, and ``runtimeConfig`` is the plugin's
@@ -15,11 +16,10 @@ import attrs
 
 from .config import NetworkConfig
 from .errors import InvalidArgumentError
-from .sdk import PluginRequest
+from .sdk import GCAttachment, PluginRequest
 
 __all__ = [
     "RuntimeConf",
-    "Attachment",
     "build_config",
     "build_request",
     "format_cni_args",
@@ -50,17 +50,6 @@ class RuntimeConf:
     capability_args: Mapping[str, Any] = attrs.field(factory=dict)
 
 
-@attrs.frozen
-class Attachment:
-    """A still-valid attachment for GC: ``(containerID, ifname)``."""
-
-    container_id: str
-    ifname: str
-
-    def to_json(self) -> dict[str, str]:
-        return {"containerID": self.container_id, "ifname": self.ifname}
-
-
 def format_cni_args(args: Iterable[Sequence[str]]) -> str:
     """``k=v`` pairs joined by ``;``; a ``;`` or ``=`` inside would corrupt the string, so refuse it."""
     parts = []
@@ -78,7 +67,7 @@ def build_config(
     cni_version: str,
     prev_result: Mapping[str, Any] | None = None,
     capability_args: Mapping[str, Any] | None = None,
-    valid_attachments: Sequence[Attachment] | None = None,
+    valid_attachments: Sequence[GCAttachment] | None = None,
     gc: bool = False,
     strip_capabilities: bool = False,
 ) -> dict[str, Any]:

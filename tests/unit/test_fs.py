@@ -1,0 +1,115 @@
+"""The one atomic write (cache entries, plugin state records, shims): old or new, never a part; durable."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pycni import _fs
+from pycni.cache import CachedAttachment, ResultsCache
+from pycni_plugins.kernel.state import Records
+
+
+@pytest.fixture
+def dir_fd(tmp_path: Path) -> Iterator[int]:
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    yield fd
+    os.close(fd)
+
+
+def test_a_reader_sees_the_old_or_the_new_content_never_a_part(tmp_path: Path, dir_fd: int) -> None:
+    contents = [b"a" * 300_000, b"b" * 200_000]
+    _fs.write_atomic(dir_fd, "f", contents[0])
+    done = threading.Event()
+    seen: set[bytes] = set()
+
+    def read() -> None:
+        while not done.is_set():
+            seen.add((tmp_path / "f").read_bytes())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(40):
+            _fs.write_atomic(dir_fd, "f", contents[i % 2])
+    finally:
+        done.set()
+        reader.join()
+    assert seen <= set(contents) and seen
+
+
+def test_a_failed_write_keeps_the_old_content_and_leaves_no_temp_file(
+    tmp_path: Path, dir_fd: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fs.write_atomic(dir_fd, "f", b"old")
+    real_write = os.write
+
+    def half_then_fail(fd: int, data: Any) -> int:
+        real_write(fd, bytes(data[:2]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "write", half_then_fail)
+    with pytest.raises(OSError, match="No space"):
+        _fs.write_atomic(dir_fd, "f", b"new content")
+    assert (tmp_path / "f").read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["f"]
+
+
+def test_the_data_is_fsynced_before_the_rename_and_the_directory_after(
+    tmp_path: Path, dir_fd: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[tuple[str, bool]] = []  # (what, whether the name is in place yet)
+    real_fsync = os.fsync
+
+    def record(fd: int) -> None:
+        synced.append(("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file", (tmp_path / "f").exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    _fs.write_atomic(dir_fd, "f", b"x")
+    assert synced == [("file", False), ("dir", True)]
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        pytest.param(lambda root: Records("r", root=str(root)).store("n", {"a": 1}), id="state store"),
+        pytest.param(lambda root: Records("r", root=str(root)).create("n", {"a": 1}), id="state create"),
+        pytest.param(
+            lambda root: ResultsCache(str(root)).write(CachedAttachment("c", "net", "eth0")), id="cache entry"
+        ),
+    ],
+)
+def test_cache_and_state_records_are_written_durably(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write: Any
+) -> None:
+    # The state records were renamed into place without an fsync: a crash could leave an empty file.
+    kinds: list[bool] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (kinds.append(stat.S_ISDIR(os.fstat(fd).st_mode)), real_fsync(fd)))
+    root = tmp_path / "root"
+    root.mkdir(mode=0o700)
+    write(root)
+    assert kinds == [False, True]
+
+
+def test_exclusive_keeps_the_first_writers_content(tmp_path: Path, dir_fd: int) -> None:
+    assert _fs.write_atomic(dir_fd, "f", b"first", exclusive=True) is True
+    assert _fs.write_atomic(dir_fd, "f", b"second", exclusive=True) is False
+    assert (tmp_path / "f").read_bytes() == b"first"
+    assert os.listdir(tmp_path) == ["f"]
+
+
+def test_the_mode_is_exact_whatever_the_umask(tmp_path: Path, dir_fd: int) -> None:
+    old = os.umask(0o077)
+    try:
+        _fs.write_atomic(dir_fd, "shim", b"#!/bin/sh\n", mode=0o755)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "shim").stat().st_mode) == 0o755
