@@ -8,7 +8,6 @@ The request JSON and semantics are identical whichever runs it.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections.abc import Sequence
@@ -17,8 +16,8 @@ from typing import Any, Protocol
 from attrs import evolve
 
 from . import _json
-from .errors import CNIError, ErrorCode, InvalidArgumentError, PluginError, PluginNotFoundError
-from .sdk import Plugin, PluginRequest, builtin_plugin
+from .errors import CNIError, InvalidArgumentError, PluginError, PluginNotFoundError
+from .sdk import Plugin, PluginRequest, builtin_plugin, internal_errors
 from .sdk.invoke import VersionInfo, exec_plugin, exec_version, find_plugin
 
 __all__ = [
@@ -31,7 +30,6 @@ __all__ = [
     "BACKEND_NAMES",
 ]
 
-log = logging.getLogger("pycni.backends")
 BACKEND_NAMES = ("exec", "inprocess", "auto")
 BUILTIN_LOCATION = "<built-in>"
 
@@ -105,12 +103,10 @@ class InProcessBackend:
         plugin = self._plugin(plugin_type)
         config = _json.loads(request.stdin())
         try:
-            out = plugin.handle(evolve(request, config=config))
+            with internal_errors(plugin_type):
+                out = plugin.handle(evolve(request, config=config))
         except CNIError as e:
             raise PluginError(e.msg, e.details, code=e.code, plugin=plugin_type) from e
-        except Exception as e:
-            log.exception("in-process plugin %s crashed on %s", plugin_type, request.command)
-            raise PluginError(str(e) or type(e).__name__, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
         if request.command != "ADD":
             return out  # GC: the plugin's GCReport as JSON, if it made one; the others: None
         return _json.loads(_json.dumps_compact(out)) if out is not None else {}
@@ -124,7 +120,8 @@ class InProcessBackend:
 
     def validate(self, plugin_type: str, request: PluginRequest) -> None:
         try:
-            self._plugin(plugin_type).validate(request)
+            with internal_errors(plugin_type):
+                self._plugin(plugin_type).validate(request)
         except CNIError as e:
             raise PluginError(e.msg, e.details, code=e.code, plugin=plugin_type) from e
 

@@ -37,6 +37,7 @@ from ._common import (
     in_netns,
     ipam_result,
     netns_gone,
+    open_container,
     prev_result,
     valid_attachments,
 )
@@ -46,9 +47,8 @@ __all__ = [
     "Master",
     "lookup_master",
     "begin",
-    "create",
+    "add",
     "configure",
-    "undo",
     "delete",
     "gc",
     "check",
@@ -131,7 +131,7 @@ def begin(request: PluginRequest, kind: str) -> None:
     owned.LinkRecords(kind, request.state_dir).begin(attachment(request), request.netns, request.ifname)
 
 
-def create(request: PluginRequest, kind: str, master: Master, fd: int, spec: Mapping[str, Any]) -> Interface:
+def _create(request: PluginRequest, kind: str, master: Master, fd: int, spec: Mapping[str, Any]) -> Interface:
     """Create the ``kind`` link on ``master`` in the container as ``CNI_IFNAME``; ``spec`` holds
     the RTM_NEWLINK attributes (mtu, address, kind data). After :func:`begin`: the attachment's
     record names the link once it is there."""
@@ -218,6 +218,31 @@ def configure(
     return result
 
 
+def add(
+    request: PluginRequest,
+    kind: str,
+    master: Master,
+    spec: Mapping[str, Any],
+    mtu: int,
+    ipam_type: str,
+    dns: DNS | None,
+    **how: bool,
+) -> Result:
+    """ADD's kernel part: the link (:func:`_create`, ``spec`` plus ``mtu`` if set) in the
+    container's namespace, then :func:`configure` (``how``: its options); the link is deleted
+    again if configuring it fails."""
+    fd = open_container(request)
+    try:
+        iface = _create(request, kind, master, fd, {**spec, "mtu": mtu} if mtu else spec)
+        try:
+            return configure(request, fd, iface, ipam_type, dns, **how)
+        except BaseException:
+            _undo(request, kind)
+            raise
+    finally:
+        os.close(fd)
+
+
 def _delete_index(index: int, mac: str) -> None:
     with links.iproute() as ipr:
         link = links.get_link(ipr, index=index)
@@ -240,7 +265,7 @@ def _delete_owned(request: PluginRequest, kind: str) -> None:
         raise fail(f'failed to delete "{link.name}": {e.strerror}') from e
 
 
-def undo(request: PluginRequest, kind: str) -> None:
+def _undo(request: PluginRequest, kind: str) -> None:
     """A failed ADD's undo after :func:`create`: the link it made; its record then names none."""
     _delete_owned(request, kind)
     owned.LinkRecords(kind, request.state_dir).nothing_created(attachment(request))
@@ -299,10 +324,7 @@ def check(
     once the prevResult is known. ``capitalised``: the plugin's texts start upper-case (1.1.1's
     style, which some plugins keep in v1.9.1); ``prefix`` starts the interface-not-found and MAC
     texts (vlan's ``vlan: ``)."""
-    try:
-        os.close(netns.open_netns(request.netns))
-    except netns.NetnsError as e:
-        raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+    os.close(open_container(request))
     if ipam_type:
         delegate(request, ipam_type, "CHECK")
     prev = prev_result(request)

@@ -58,28 +58,27 @@ from pycni import netns
 from pycni._json import go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
-from pycni.sdk import Attachment, GCReport, Plugin, PluginRequest, builtin_plugin, delegate, find_plugin
+from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate, find_plugin
 from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from ._common import (
     Fields,
+    add_veth,
     add_with_undo,
     attachment,
-    dry_run,
     fail,
-    finish_gc,
+    gc_veths,
     in_netns,
     ipam_result,
     is_link_name,
+    open_container,
     prev_result,
-    valid_attachments,
 )
-from .kernel import layout, links, nft, owned, sysctl
+from .kernel import ifconfig, layout, links, nft, owned, sysctl
 
 __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 
 DEFAULT_BRIDGE = "cni0"
-VETH_RETRIES = 10
 _MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 _NO_PREV = "Required prevResult missing"
 #: Per attachment: ``{"attachment", "bridge", "bridge_mac", "host"}`` (see the module docstring).
@@ -195,64 +194,21 @@ def _quiet_sysctl(name: str, value: int) -> None:
         sysctl.write(name, value)
 
 
-def _container_index(ifname: str) -> int:
-    index = links.ifindex(ifname)
-    if index is None:
-        raise fail(f'failed to lookup "{ifname}": Link not found')
-    return index
-
-
-def _configure_container(ifname: str, ips: tuple[IPConfig, ...], routes: tuple[Route, ...], enable_dad: bool) -> None:
-    """Sysctls, addresses, link up and routes on the container end."""
-    index = _container_index(ifname)
+def _configure_container(ifname: str, result: Result, enable_dad: bool) -> None:
+    """The DAD and ARP sysctls (failures ignored, as upstream), then ``ipam.ConfigureIface``."""
     if enable_dad:
         _quiet_sysctl(f"net/ipv6/conf/{ifname}/enhanced_dad", 1)
         _quiet_sysctl(f"net/ipv6/conf/{ifname}/accept_dad", 1)
     else:
         _quiet_sysctl(f"net/ipv6/conf/{ifname}/accept_dad", 0)
     _quiet_sysctl(f"net/ipv4/conf/{ifname}/arp_notify", 1)
-    with links.iproute() as ipr:
-        gateways: dict[int, str] = {}
-        has_v6 = False
-        for ip in ips:
-            if ip.interface != 2:
-                raise fail(f"failed to add IP addr {ip.address} to {ifname}: invalid interface index")
-            if ip.address.version == 6 and not has_v6:
-                has_v6 = True
-                for name in ("lo", ifname):
-                    with contextlib.suppress(OSError):
-                        sysctl.ensure(f"net/ipv6/conf/{name}/disable_ipv6", 0)
-                try:
-                    sysctl.write(f"net/ipv6/conf/{ifname}/keep_addr_on_down", 1)
-                except OSError as e:
-                    raise fail(f"failed to set sysctl keep_addr_on_down for {ifname}: {e.strerror}") from e
-            if ip.gateway is not None:
-                gateways.setdefault(ip.address.version, str(ip.gateway))
-            try:
-                links.add_address(ipr, index, ip.address)
-            except links.LinkError as e:
-                raise fail(f"failed to add IP addr {ip.address} to {ifname}: {e.strerror}") from e
-        try:
-            links.set_up(ipr, index)
-        except links.LinkError as e:
-            raise fail(f'failed to set "{ifname}" UP: {e.strerror}') from e
-        if 6 in gateways:
-            try:
-                links.wait_dad(ipr, index)
-            except links.LinkError as e:
-                raise fail(f"failed while waiting for addresses to settle: {e.strerror}") from e
-        for route in routes:
-            gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
-            try:
-                links.add_route(
-                    ipr, index, route.dst.network, gw, priority=route.priority, table=route.table, scope=route.scope
-                )
-            except links.LinkError as e:
-                raise fail(f"failed to add route '{route.dst.network} via {gw} dev {ifname}': {e.strerror}") from e
+    ifconfig.configure_iface(ifname, result)
 
 
 def _container_up(ifname: str) -> None:
-    index = _container_index(ifname)
+    index = links.ifindex(ifname)
+    if index is None:
+        raise fail(f'failed to lookup "{ifname}": Link not found')
     with links.iproute() as ipr:
         links.set_up(ipr, index)
 
@@ -363,7 +319,14 @@ class BridgePlugin(Plugin):
         # Both ends get their MAC here: the result needs no read-back, and udev's
         # MACAddressPolicy=persistent leaves an explicitly set host-side MAC alone.
         container_mac = conf.mac or links.random_mac()
-        host_name, host_mac = self._add_veth(request, conf, ipr, fd, br, container_mac, att)
+
+        def record(host_name: str, attempt: int) -> None:
+            entry = {"attachment": attrs.asdict(att), "bridge": conf.bridge, "bridge_mac": br.mac, "host": host_name}
+            store.store(att.key, entry)
+            if attempt == 0:
+                failpoint("bridge.add.after-record")
+
+        host_name, host_mac = add_veth(ipr, request, fd, container_mac, conf.mtu, br.index, record)
         undo.append(lambda: links.delete_link(host_name))
         failpoint("bridge.add.after-veth")
         _quiet_sysctl(f"net/ipv6/conf/{host_name}/accept_ra", 0)
@@ -413,47 +376,6 @@ class BridgePlugin(Plugin):
                 if record.get("attachment", {}).get("network") == network:
                     self._setup_port(ipr, conf, link.name)
 
-    def _add_veth(
-        self,
-        request: PluginRequest,
-        conf: BridgeConfig,
-        ipr: Any,
-        fd: int,
-        br: links.Link,
-        container_mac: str,
-        att: Attachment,
-    ) -> tuple[str, str]:
-        host_mac = links.random_mac()
-        for attempt in range(VETH_RETRIES):
-            host_name = links.random_veth_name()
-            # Recorded before it exists: a crash right after leaves no veth nobody can map.
-            _links(request).store(
-                att.key,
-                {"attachment": attrs.asdict(att), "bridge": conf.bridge, "bridge_mac": br.mac, "host": host_name},
-            )
-            if attempt == 0:
-                failpoint("bridge.add.after-record")
-            try:
-                links.add_veth(
-                    ipr,
-                    host_name,
-                    host_mac,
-                    peer_name=request.ifname,
-                    peer_netns_fd=fd,
-                    peer_mac=container_mac,
-                    mtu=conf.mtu,
-                    master=br.index,
-                )
-                return host_name, host_mac
-            except links.LinkError as e:
-                if e.errno != errno.EEXIST:
-                    raise fail(f"failed to make veth pair: {e.strerror}") from e
-                if links.ifindex(host_name) is None:
-                    raise fail(
-                        f'container veth name ("{request.ifname}") peer provided ("{host_name}") already exists'
-                    ) from e
-        raise fail(f"failed to find a free veth name after {VETH_RETRIES} attempts")
-
     def _setup_port(self, ipr: Any, conf: BridgeConfig, name: str) -> None:
         if not (conf.hairpin or conf.port_isolation or conf.vlan or conf.vlan_trunk):
             return
@@ -484,7 +406,8 @@ class BridgePlugin(Plugin):
         if not ipam.ips:
             raise fail("IPAM plugin returned missing IP config")
         ips, routes, bridge_addrs = _gateways(conf, ipam)
-        netns.run_in(fd, _configure_container, request.ifname, ips, routes, conf.enable_dad)
+        result = attrs.evolve(result, ips=ips, routes=routes, dns=conf.dns if conf.dns is not None else ipam.dns)
+        netns.run_in(fd, _configure_container, request.ifname, result, conf.enable_dad)
         failpoint("bridge.add.after-container")
         if bridge_addrs:
             for addr in bridge_addrs:
@@ -509,8 +432,7 @@ class BridgePlugin(Plugin):
             except nft.NftError as e:
                 raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
             failpoint("bridge.add.after-masq")
-        dns = conf.dns if conf.dns is not None else ipam.dns
-        return attrs.evolve(result, ips=ips, routes=routes, dns=dns)
+        return result
 
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)
@@ -532,10 +454,7 @@ class BridgePlugin(Plugin):
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request)
-        try:
-            os.close(netns.open_netns(request.netns))
-        except netns.NetnsError as e:
-            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+        os.close(open_container(request))
         delegate(request, conf.ipam_type, "CHECK")
         prev = prev_result(request)
         if prev is None:
@@ -549,21 +468,20 @@ class BridgePlugin(Plugin):
         pycni has no record of is never touched) and records, and, through the IPAM plugin's
         GC, their leases. ``pycni.dev/dry-run`` only reports."""
         conf = load_config(request)
-        valid = valid_attachments(request)
-        dry = dry_run(request)
-        removed: list[str] = []
-        errors: list[str] = []
-        network = request.network_name
-        keep = {Attachment(network, cid, ifname).key for cid, ifname in valid}
-        _links(request).collect(network, keep, dry, removed, errors)
-        try:
-            skeleton = _masq_skeleton if conf.ip_masq else None
-            removed += nft.gc(
-                network, valid, _NFT_OWNERS, layout.sections_for, skeleton, state_dir=request.state_dir, dry_run=dry
+        skeleton = _masq_skeleton if conf.ip_masq else None
+
+        def collect_nft(valid: set[tuple[str, str]], dry: bool) -> list[str]:
+            return nft.gc(
+                request.network_name,
+                valid,
+                _NFT_OWNERS,
+                layout.sections_for,
+                skeleton,
+                state_dir=request.state_dir,
+                dry_run=dry,
             )
-        except nft.NftError as e:
-            errors.append(f"failed to collect nftables elements: {e.msg}")
-        return finish_gc(request, conf.ipam_type, removed, errors)
+
+        return gc_veths(request, _links(request).collect, collect_nft, conf.ipam_type)
 
     def status(self, request: PluginRequest) -> None:
         conf = load_config(request)
@@ -675,15 +593,5 @@ def _check_container(iface: Interface, prev: Result, ifname: str) -> links.Link:
             raise fail(f"Error: Container interface {link.name} not of type veth")
         if iface.mac and iface.mac.lower() != link.mac:
             raise fail(f"Interface {link.name} Mac {iface.mac} doesn't match container Mac: {link.mac}")
-        have = {a for a, _ in links.addresses(ipr, link.index)}
-        for ip in prev.ips:
-            if ip.interface is not None and ip.interface < len(prev.interfaces):
-                if prev.interfaces[ip.interface].name != ifname:
-                    continue
-            if ip.address not in have:
-                raise fail(f"Failed to match addr {ip.address} on interface {ifname}")
-        for route in prev.routes:
-            gw = str(route.gw) if route.gw is not None else None
-            if not links.has_route(ipr, link.index, route.dst.network, gw):
-                raise fail(f"Expected Route {route.to_json()} not found in routing table")
+        ifconfig.check_on_link(ipr, link.index, ifname, prev)
         return link

@@ -48,7 +48,7 @@ from pycni.sdk import GCReport, Plugin, PluginRequest, delegate
 from pycni.types import Interface, IPConfig, Result
 
 from . import _sublink
-from ._common import Fields, attachment, emit, fail, ipam_result, netns_gone
+from ._common import Fields, attachment, emit, fail, ipam_result, netns_gone, open_container
 from .kernel import ifconfig, links, owned
 
 __all__ = ["HostDeviceConfig", "HostDevicePlugin", "load_config"]
@@ -257,10 +257,7 @@ class HostDevicePlugin(Plugin):
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
         conf = load_config(request)
-        try:
-            fd = netns.open_netns(request.netns)
-        except netns.NetnsError as e:
-            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+        fd = open_container(request)
         try:
             result = self._add(request, conf, fd)
         finally:

@@ -19,13 +19,11 @@ texts follow containernetworking/plugins v1.9.1, which differs from Debian's 1.1
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from pycni import netns
 from pycni.sdk import GCReport, Plugin, PluginRequest, delegate
 from pycni.types import DNS
 
@@ -110,22 +108,8 @@ class IpvlanPlugin(Plugin):
         if not conf.ipam_type and not conf.chained:
             raise fail("no plugin name provided")  # what the reference's IPAM delegation says
         master = _sublink.lookup_master(request, conf.master, conf.link_in_container)
-        try:
-            fd = netns.open_netns(request.netns)
-        except netns.NetnsError as e:
-            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
-        try:
-            spec: dict[str, Any] = {"ipvlan_mode": MODES[conf.mode]}
-            if conf.mtu:
-                spec["mtu"] = conf.mtu
-            iface = _sublink.create(request, "ipvlan", master, fd, spec)
-            try:
-                result = _sublink.configure(request, fd, iface, conf.ipam_type, conf.dns, use_prev=True)
-            except BaseException:
-                _sublink.undo(request, "ipvlan")
-                raise
-        finally:
-            os.close(fd)
+        spec = {"ipvlan_mode": MODES[conf.mode]}
+        result = _sublink.add(request, "ipvlan", master, spec, conf.mtu, conf.ipam_type, conf.dns, use_prev=True)
         return emit(result, request)
 
     def delete(self, request: PluginRequest) -> None:

@@ -19,7 +19,6 @@ CHECK's texts start lower-case. Where pycni differs, on purpose:
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -28,7 +27,6 @@ import attrs
 from pyroute2.netlink import nlmsg_atoms
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
 
-from pycni import netns
 from pycni.sdk import GCReport, Plugin, PluginRequest, delegate
 from pycni.types import DNS
 
@@ -133,26 +131,12 @@ class MacvlanPlugin(Plugin):
         conf = load_config(request)
         _sublink.begin(request, "macvlan")
         master = _master(request, conf)
-        try:
-            fd = netns.open_netns(request.netns)
-        except netns.NetnsError as e:
-            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
-        try:
-            spec: dict[str, Any] = {"macvlan_mode": _MODE_NAMES[MODES[conf.mode]]}
-            if conf.mtu:
-                spec["mtu"] = conf.mtu
-            if conf.mac:
-                spec["address"] = conf.mac
-            if conf.bc_queue_len:
-                spec["macvlan_bc_queue_len"] = conf.bc_queue_len
-            iface = _sublink.create(request, "macvlan", master, fd, spec)
-            try:
-                result = _sublink.configure(request, fd, iface, conf.ipam_type, conf.dns)
-            except BaseException:
-                _sublink.undo(request, "macvlan")
-                raise
-        finally:
-            os.close(fd)
+        spec: dict[str, Any] = {"macvlan_mode": _MODE_NAMES[MODES[conf.mode]]}
+        if conf.mac:
+            spec["address"] = conf.mac
+        if conf.bc_queue_len:
+            spec["macvlan_bc_queue_len"] = conf.bc_queue_len
+        result = _sublink.add(request, "macvlan", master, spec, conf.mtu, conf.ipam_type, conf.dns)
         return emit(result, request)
 
     def delete(self, request: PluginRequest) -> None:

@@ -36,7 +36,6 @@ Where pycni differs, on purpose:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import ipaddress
 import os
@@ -47,26 +46,25 @@ import attrs
 
 from pycni import netns
 from pycni.errors import CNIError
-from pycni.sdk import Attachment, GCReport, Plugin, PluginRequest, builtin_plugin, delegate
-from pycni.types import DNS, Interface, IPConfig, Result, Route
+from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate
+from pycni.types import DNS, Interface, IPConfig, Result
 
 from ._common import (
     Fields,
+    add_veth,
     add_with_undo,
     attachment,
-    dry_run,
     fail,
-    finish_gc,
+    gc_veths,
     in_netns,
     ipam_result,
+    open_container,
     prev_result,
-    valid_attachments,
 )
-from .kernel import layout, links, nft, owned, sysctl
+from .kernel import ifconfig, layout, links, nft, owned, sysctl
 
 __all__ = ["PtpConfig", "PtpPlugin", "load_config"]
 
-VETH_RETRIES = 10
 #: Per attachment: ``{"attachment", "host"}`` (the host veth's name; see :mod:`.kernel.owned`).
 
 
@@ -101,47 +99,14 @@ def _host_prefix(version: int) -> int:
 # --- container side (runs in a thread inside the container's namespace) -------------------------
 
 
-def _configure_container(ifname: str, ips: tuple[IPConfig, ...], routes: tuple[Route, ...]) -> None:
+def _configure_container(ifname: str, result: Result) -> None:
     """upstream's ``ipam.ConfigureIface``, then each subnet route replaced by the gateway's."""
+    ifconfig.configure_iface(ifname, result)
     index = links.ifindex(ifname)
     if index is None:
         raise fail(f'failed to lookup "{ifname}": Link not found')
     with links.iproute() as ipr:
-        gateways: dict[int, str] = {}
-        has_v6 = False
-        for ip in ips:
-            if ip.address.version == 6 and not has_v6:
-                has_v6 = True
-                for name in ("lo", ifname):
-                    with contextlib.suppress(OSError):
-                        sysctl.ensure(f"net/ipv6/conf/{name}/disable_ipv6", 0)
-                try:
-                    sysctl.write(f"net/ipv6/conf/{ifname}/keep_addr_on_down", 1)
-                except OSError as e:
-                    raise fail(f'failed to enable keep_addr_on_down for interface "{ifname}": {e.strerror}') from e
-            try:
-                links.add_address(ipr, index, ip.address)
-            except links.LinkError as e:
-                raise fail(f'failed to add IP addr {ip.address} to "{ifname}": {e.strerror}') from e
-            gateways.setdefault(ip.address.version, str(ip.gateway))
-        try:
-            links.set_up(ipr, index)
-        except links.LinkError as e:
-            raise fail(f'failed to set "{ifname}" UP: {e.strerror}') from e
-        if 6 in gateways:
-            try:
-                links.wait_dad(ipr, index)
-            except links.LinkError as e:
-                raise fail(f'failed to settle addresses for "{ifname}": {e.strerror}') from e
-        for route in routes:
-            gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
-            try:
-                links.add_route(
-                    ipr, index, route.dst.network, gw, priority=route.priority, table=route.table, scope=route.scope
-                )
-            except links.LinkError as e:
-                raise fail(f"failed to add route '{route.dst.network} via {gw} dev {ifname}': {e.strerror}") from e
-        for ip in ips:
+        for ip in result.ips:
             net = ip.address.network
             gw_net = ipaddress.ip_network(f"{ip.gateway}/{_host_prefix(net.version)}")
             src = str(ip.address.ip)
@@ -165,17 +130,7 @@ def _check_container(iface: Interface, ifname: str, prev: Result) -> None:
             raise fail(f"Error: Container interface {link.name} not of type veth/p2p")
         if iface.mac and iface.mac.lower() != link.mac:
             raise fail(f"ptp: Interface {iface.name} Mac {iface.mac} doesn't match container Mac: {link.mac}")
-        have = {a for a, _ in links.addresses(ipr, link.index)}
-        for ip in prev.ips:
-            if ip.interface is not None and 0 <= ip.interface < len(prev.interfaces):
-                if prev.interfaces[ip.interface].name != ifname:
-                    continue
-            if ip.address not in have:
-                raise fail(f"Failed to match addr {ip.address} on interface {ifname}")
-        for route in prev.routes:
-            gw = str(route.gw) if route.gw is not None else None
-            if not links.has_route(ipr, link.index, route.dst.network, gw):
-                raise fail(f"Expected Route {route.to_json()} not found in routing table")
+        ifconfig.check_on_link(ipr, link.index, ifname, prev)
 
 
 # --- the plugin -------------------------------------------------------------------------------
@@ -227,10 +182,16 @@ class PtpPlugin(Plugin):
             except OSError as e:
                 raise fail(f"Could not enable IP forwarding: {e.strerror}") from e
         container_mac = links.random_mac()
-        host_name, host_mac = self._add_veth(request, conf, ipr, fd, container_mac, att)
+
+        def record(host_name: str, attempt: int) -> None:
+            store.store(att.key, {"attachment": attrs.asdict(att), "host": host_name})
+
+        host_name, host_mac = add_veth(ipr, request, fd, container_mac, conf.mtu, None, record)
         undo.append(lambda: links.delete_link(host_name))
         ips = tuple(IPConfig(ip.address, ip.gateway, 1) for ip in ipam.ips)
-        netns.run_in(fd, _configure_container, request.ifname, ips, ipam.routes)
+        interfaces = [Interface(host_name, host_mac), Interface(request.ifname, container_mac, sandbox=request.netns)]
+        result = Result("1.1.0", interfaces, ips, ipam.routes, conf.dns if conf.dns is not None else ipam.dns)
+        netns.run_in(fd, _configure_container, request.ifname, result)
         index = links.ifindex(host_name)
         if index is None:
             raise fail(f'failed to lookup "{host_name}": Link not found')
@@ -259,38 +220,7 @@ class PtpPlugin(Plugin):
                 )
             except nft.NftError as e:
                 raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
-        interfaces = [Interface(host_name, host_mac), Interface(request.ifname, container_mac, sandbox=request.netns)]
-        dns = conf.dns if conf.dns is not None else ipam.dns
-        return Result("1.1.0", interfaces, ips, ipam.routes, dns)
-
-    def _add_veth(
-        self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, container_mac: str, att: Attachment
-    ) -> tuple[str, str]:
-        host_mac = links.random_mac()
-        for _ in range(VETH_RETRIES):
-            host_name = links.random_veth_name()
-            # Recorded before it exists: a crash right after leaves no veth nobody can map.
-            _links(request).store(att.key, {"attachment": attrs.asdict(att), "host": host_name})
-            try:
-                links.add_veth(
-                    ipr,
-                    host_name,
-                    host_mac,
-                    peer_name=request.ifname,
-                    peer_netns_fd=fd,
-                    peer_mac=container_mac,
-                    mtu=conf.mtu,
-                    master=None,
-                )
-                return host_name, host_mac
-            except links.LinkError as e:
-                if e.errno != errno.EEXIST:
-                    raise fail(f"failed to make veth pair: {e.strerror}") from e
-                if links.ifindex(host_name) is None:
-                    raise fail(
-                        f'container veth name ("{request.ifname}") peer provided ("{host_name}") already exists'
-                    ) from e
-        raise fail(f"failed to find a free veth name after {VETH_RETRIES} attempts")
+        return result
 
     def delete(self, request: PluginRequest) -> None:
         conf = load_config(request)
@@ -306,10 +236,7 @@ class PtpPlugin(Plugin):
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request)
-        try:
-            os.close(netns.open_netns(request.netns))
-        except netns.NetnsError as e:
-            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+        os.close(open_container(request))
         delegate(request, conf.ipam_type, "CHECK")
         prev = prev_result(request)
         if prev is None:
@@ -328,18 +255,11 @@ class PtpPlugin(Plugin):
 
     def gc(self, request: PluginRequest) -> GCReport:
         conf = load_config(request)
-        valid = valid_attachments(request)
-        dry = dry_run(request)
-        network = request.network_name
-        keep = {Attachment(network, cid, ifname).key for cid, ifname in valid}
-        removed: list[str] = []
-        errors: list[str] = []
-        _links(request).collect(network, keep, dry, removed, errors)
-        try:
-            removed += nft.collect(network, valid, ("masq",), state_dir=request.state_dir, dry_run=dry)
-        except nft.NftError as e:
-            errors.append(f"failed to collect nftables elements: {e.msg}")
-        return finish_gc(request, conf.ipam_type, removed, errors)
+
+        def collect_nft(valid: set[tuple[str, str]], dry: bool) -> list[str]:
+            return nft.collect(request.network_name, valid, ("masq",), state_dir=request.state_dir, dry_run=dry)
+
+        return gc_veths(request, _links(request).collect, collect_nft, conf.ipam_type)
 
     def status(self, request: PluginRequest) -> None:
         conf = load_config(request)

@@ -18,13 +18,11 @@ error texts follow containernetworking/plugins v1.9.1, which differs from Debian
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from pycni import netns
 from pycni.sdk import GCReport, Plugin, PluginRequest, delegate
 from pycni.types import DNS
 
@@ -93,22 +91,8 @@ class VlanPlugin(Plugin):
             raise fail(f"invalid MTU {conf.mtu}, must be [0, master MTU({master.link.mtu})]")
         if not conf.ipam_type:
             raise fail("failed to execute IPAM delegate: no plugin name provided")
-        try:
-            fd = netns.open_netns(request.netns)
-        except netns.NetnsError as e:
-            raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
-        try:
-            spec: dict[str, Any] = {"vlan_id": conf.vlan_id}
-            if conf.mtu:
-                spec["mtu"] = conf.mtu
-            iface = _sublink.create(request, "vlan", master, fd, spec)
-            try:
-                result = _sublink.configure(request, fd, iface, conf.ipam_type, conf.dns, notify=False)
-            except BaseException:
-                _sublink.undo(request, "vlan")
-                raise
-        finally:
-            os.close(fd)
+        spec = {"vlan_id": conf.vlan_id}
+        result = _sublink.add(request, "vlan", master, spec, conf.mtu, conf.ipam_type, conf.dns, notify=False)
         return emit(result, request)
 
     def delete(self, request: PluginRequest) -> None:

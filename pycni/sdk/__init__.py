@@ -16,7 +16,17 @@ from __future__ import annotations
 from .args import load_args, parse_cni_args
 from .attachment import Attachment, GCAttachment
 from .invoke import find_plugin
-from .plugin import COMMANDS, GCReport, Plugin, builtin_plugin, builtin_plugins, delegate, environ, environment
+from .plugin import (
+    COMMANDS,
+    GCReport,
+    Plugin,
+    builtin_plugin,
+    builtin_plugins,
+    delegate,
+    environ,
+    environment,
+    internal_errors,
+)
 from .request import DEFAULT_STATE_DIR, STATE_DIR_ENV, PluginRequest, default_state_dir
 from .validate import (
     ifname_problem,
@@ -43,6 +53,7 @@ __all__ = [
     "environment",
     "find_plugin",
     "ifname_problem",
+    "internal_errors",
     "load_args",
     "parse_cni_args",
     "validate_attachment_key",

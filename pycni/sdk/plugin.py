@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from functools import cache
@@ -36,10 +37,13 @@ __all__ = [
     "delegate",
     "environ",
     "environment",
+    "internal_errors",
 ]
 
 COMMANDS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")
 ENTRY_POINT_GROUP = "pycni.plugins"
+
+log = logging.getLogger("pycni.plugin")
 
 _environ: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
     "pycni_plugin_environ", default=None
@@ -59,6 +63,24 @@ def environment(env: Mapping[str, str]) -> Iterator[None]:
         yield
     finally:
         _environ.reset(token)
+
+
+@contextlib.contextmanager
+def internal_errors(plugin_type: str) -> Iterator[None]:
+    """A plugin's unexpected exception (not a :class:`~pycni.errors.CNIError`) inside the block
+    becomes the error Go's skel makes of any plain error: code 999 with the exception's text.
+
+    The one wrapper of every way a built-in plugin runs (in-process, exec'd, in ``pycni serve``,
+    as a delegate), so a crash answers the same JSON on each; the traceback goes to the log
+    (an exec'd plugin's stderr).
+    """
+    try:
+        yield
+    except CNIError:
+        raise
+    except Exception as e:
+        log.exception("plugin %s crashed", plugin_type or "?")
+        raise PluginError(str(e) or type(e).__name__, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
 
 
 @attrs.frozen
@@ -215,12 +237,8 @@ def delegate(
     sub = attrs.evolve(request, command=command or request.command)
     plugin = builtin_plugin(plugin_type)
     if plugin is not None:
-        try:
+        with internal_errors(plugin_type):
             return plugin.handle(sub)
-        except CNIError:
-            raise
-        except Exception as e:  # a bug in a delegate must still come back as a CNI error
-            raise PluginError(str(e) or type(e).__name__, code=ErrorCode.INTERNAL, plugin=plugin_type) from e
     try:
         return exec_plugin(plugin_type, sub, timeout=timeout, env=environ())
     except PluginNotFoundError as e:

@@ -36,7 +36,7 @@ from .. import _json
 from .._json import go_escape, go_field
 from ..errors import CNIError, ErrorCode
 from .invoke import PARENT_PID_ENV
-from .plugin import Plugin, builtin_plugin
+from .plugin import Plugin, builtin_plugin, internal_errors
 from .request import PluginRequest, default_state_dir
 from .validate import NAME_PATTERN, validate_attachment_key, validate_container_id
 
@@ -102,18 +102,17 @@ def error_output(error: CNIError) -> bytes:
 def run(plugin: Plugin, env: Mapping[str, str], stdin: bytes, stdout: TextIO) -> int:
     """One exec'd invocation: returns the exit status (0 or 1) after printing to ``stdout``."""
     try:
-        request = _request(env, stdin)
-        out = plugin.handle(request)
-        if request.command == "VERSION":
-            stdout.write(json.dumps(out, separators=(",", ":")) + "\n")
-        elif out is not None and request.command != "GC":
-            version = str(out.get("cniVersion", ""))
-            stdout.write(_dump(out, sort=version.startswith("1.")))
+        with internal_errors(plugin.type):
+            request = _request(env, stdin)
+            out = plugin.handle(request)
+            if request.command == "VERSION":
+                stdout.write(json.dumps(out, separators=(",", ":")) + "\n")
+            elif out is not None and request.command != "GC":
+                version = str(out.get("cniVersion", ""))
+                stdout.write(_dump(out, sort=version.startswith("1.")))
         return 0
     except CNIError as e:
         stdout.write(_dump(e.to_json(), sort=False))
-    except Exception as e:  # a crash is still a CNI error result, as Go's skel reports any error
-        stdout.write(_dump(_error(str(e) or type(e).__name__, ErrorCode.INTERNAL).to_json(), sort=False))
     return 1
 
 

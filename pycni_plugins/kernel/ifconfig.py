@@ -17,7 +17,7 @@ from pycni.types import IPConfig, Result, Route
 
 from . import links, sysctl
 
-__all__ = ["configure_iface", "check_ips", "check_routes", "default_route_link"]
+__all__ = ["configure_iface", "check_ips", "check_routes", "check_on_link", "default_route_link"]
 
 
 def _fail(msg: str) -> CNIError:
@@ -102,6 +102,22 @@ def check_routes(routes: Iterable[Route]) -> None:
             gw = None if route.gw is None or dst.prefixlen == 0 else route.gw
             if not _has_route_to(ipr, dst, gw):
                 raise _fail(f"Expected Route {route.to_json()} not found in routing table")
+
+
+def check_on_link(ipr: links.IPRoute, index: int, ifname: str, prev: Result) -> None:
+    """A veth plugin's CHECK of its container end ``ifname`` (bridge, ptp): the prevResult's
+    addresses of that interface (or of none) are on link ``index``, its routes go through it."""
+    have = {a for a, _ in links.addresses(ipr, index)}
+    for ip in prev.ips:
+        if ip.interface is not None and 0 <= ip.interface < len(prev.interfaces):
+            if prev.interfaces[ip.interface].name != ifname:
+                continue
+        if ip.address not in have:
+            raise _fail(f"Failed to match addr {ip.address} on interface {ifname}")
+    for route in prev.routes:
+        gw = str(route.gw) if route.gw is not None else None
+        if not links.has_route(ipr, index, route.dst.network, gw):
+            raise _fail(f"Expected Route {route.to_json()} not found in routing table")
 
 
 def _has_route_to(ipr: links.IPRoute, dst: ipaddress.IPv4Network | ipaddress.IPv6Network, gw: object = None) -> bool:

@@ -20,7 +20,6 @@ import os
 import re
 import socket
 import subprocess
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,12 +34,13 @@ from pycni.runtime_conf import RuntimeConf
 from pycni.types import AnyResult
 from tests.conftest import REFERENCE_PLUGIN_DIR
 
+from .twins import read_sysctl, veth_to, wait_no_tentative
+
 IMPLS = ("go", "pycni")
 OUTSIDE = {4: ("198.19.255.1", "198.19.255.2", 24), 6: ("fd00:19::1", "fd00:19::2", 64)}
 HOST_PORT, CONTAINER_PORT, OUTSIDE_PORT = 8080, 80, 9000
 PORTS = {"portMappings": [{"hostPort": HOST_PORT, "containerPort": CONTAINER_PORT, "protocol": "tcp"}]}
 BRIDGE = "cbr0"
-IFA_F_TENTATIVE, IFA_F_NODAD = 0x40, 0x02
 
 
 # --- conflists ----------------------------------------------------------------------------------
@@ -163,7 +163,7 @@ class World:
         """Wait until no IPv6 address is tentative anywhere in this world (the Go bridge adds its
         gateway address with DAD: ~1-2 s before the host answers on it)."""
         for path in (self.host.path, *(c.ns.path for c in self.containers)):
-            netns.run_in(path, _wait_no_tentative)
+            netns.run_in(path, wait_no_tentative)
 
     # -- what the kernel holds, normalised -------------------------------------------------
 
@@ -297,46 +297,9 @@ def expected_behaviour(world: World) -> dict[str, Any]:
 
 def _wire_outside(outside: str) -> None:
     """A veth from this (host) namespace to ``outside``, addressed in both families."""
-    from pyroute2 import IPRoute
-
-    fd = os.open(outside, os.O_RDONLY)
-    try:
-        with IPRoute() as ipr:
-            ipr.link("add", ifname="uplink", kind="veth", peer={"ifname": "uplink", "net_ns_fd": fd}, state="up")
-            index = ipr.link_lookup(ifname="uplink")[0]
-            for host_ip, _, plen in OUTSIDE.values():
-                ipr.addr("add", index=index, address=host_ip, prefixlen=plen, flags=IFA_F_NODAD)
-    finally:
-        os.close(fd)
-    netns.run_in(outside, _outside_side)
-
-
-def _outside_side() -> None:
-    from pyroute2 import IPRoute
-
-    with IPRoute() as ipr:
-        index = ipr.link_lookup(ifname="uplink")[0]
-        ipr.link("set", index=index, state="up")
-        for _, outside_ip, plen in OUTSIDE.values():
-            ipr.addr("add", index=index, address=outside_ip, prefixlen=plen, flags=IFA_F_NODAD)
-
-
-def _wait_no_tentative(timeout: float = 10.0) -> None:
-    from pyroute2 import IPRoute
-
-    deadline = time.monotonic() + timeout
-    with IPRoute() as ipr:
-        while any(a.get("flags", 0) & IFA_F_TENTATIVE for a in ipr.addr("dump", family=socket.AF_INET6)):
-            assert time.monotonic() < deadline, "IPv6 addresses still tentative"
-            time.sleep(0.05)
-
-
-def _read_sysctl(name: str) -> str | None:
-    try:
-        with open("/proc/sys/" + name) as f:
-            return f.read().strip()
-    except FileNotFoundError:
-        return None
+    here = [(host_ip, plen) for host_ip, _, plen in OUTSIDE.values()]
+    there = [(outside_ip, plen) for _, outside_ip, plen in OUTSIDE.values()]
+    veth_to(outside, "uplink", "uplink", here, there)
 
 
 def _read_state(sysctls: list[str], container: bool) -> dict[str, Any]:
@@ -371,7 +334,7 @@ def _read_state(sysctls: list[str], container: bool) -> dict[str, Any]:
                             f"dev {names.get(r.get('oif'))} proto {r['proto']} metric {r.get('priority')}"
                         )
             state["routes"] = sorted(routes)
-    state["sysctls"] = {name: _read_sysctl(name) for name in sysctls}
+    state["sysctls"] = {name: read_sysctl(name) for name in sysctls}
     return state
 
 
@@ -398,13 +361,3 @@ def _ip_pattern(ip: str) -> str:
 def _run(cmd: list[str]) -> str:
     """Run a command in the calling thread's namespace (children inherit the forking thread's)."""
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-
-
-def differences(go: Any, ours: Any, path: str = "") -> list[tuple[str, Any, Any]]:
-    """Where two JSON-like values differ: ``(path, go's, ours)``, ``None`` for a missing key."""
-    if isinstance(go, dict) and isinstance(ours, dict):
-        out: list[tuple[str, Any, Any]] = []
-        for key in sorted(set(go) | set(ours)):
-            out += differences(go.get(key), ours.get(key), f"{path}/{key}")
-        return out
-    return [] if go == ours else [(path, go, ours)]

@@ -11,7 +11,6 @@ results cache. Nothing touches the root namespace; removing the namespaces remov
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 from collections.abc import Callable
@@ -28,11 +27,12 @@ from pycni.types import AnyResult
 from pycni_plugins import install
 from tests.conftest import REFERENCE_PLUGIN_DIR, TEST_NS_PREFIX
 
+from .twins import read_sysctl, veth_to, wait_no_tentative
+
 IMPLS = ("go", "pycni", "pycni-exec")
 MASTER = "mst0"
 LAN = {4: ("198.18.1.1", 24), 6: ("fd00:18:1::1", 64)}
 SUBNETS = {4: "198.18.1.0/24", 6: "fd00:18:1::/64"}
-IFA_F_NODAD, IFA_F_TENTATIVE = 0x02, 0x40
 CONTAINER_SYSCTLS = (
     "net/ipv4/conf/eth0/arp_notify",
     "net/ipv6/conf/eth0/ndisc_notify",
@@ -56,13 +56,13 @@ class World:
         self.host = make_netns(f"{impl[:4]}-host")
         self.lan = make_netns(f"{impl[:4]}-lan")
         self.ctr = make_netns(f"{impl[:4]}-c")
-        netns.run_in(self.host.path, _wire_lan, self.lan.path)
+        netns.run_in(self.host.path, veth_to, self.lan.path, MASTER, "lan0", (), tuple(LAN.values()))
         # The kernel adds (then DADs) the link-local addresses a moment after the veth is up:
         # wait for them, so that a test's "before" snapshot is not taken half-way.
         netns.run_in(self.host.path, _wait_link_local, MASTER)
         netns.run_in(self.lan.path, _wait_link_local, "lan0")
         for path in (self.host.path, self.lan.path):
-            netns.run_in(path, _wait_no_tentative)
+            netns.run_in(path, wait_no_tentative)
         dirs = [REFERENCE_PLUGIN_DIR] if impl == "go" else [plugin_dir]
         self.runtime = Runtime(
             dirs,
@@ -117,7 +117,7 @@ class World:
 
     def settle(self) -> None:
         for path in (self.host.path, self.ctr.path, self.lan.path):
-            netns.run_in(path, _wait_no_tentative)
+            netns.run_in(path, wait_no_tentative)
 
     def reaches_lan(self, version: int = 4) -> bool:
         """A TCP connection to the lan peer from the container's own address (bound: the rules
@@ -155,38 +155,7 @@ def kernel_has(kind: str) -> bool:
         return netns.run_in(ns.path, probe)
 
 
-def differences(go: Any, ours: Any, path: str = "") -> list[tuple[str, Any, Any]]:
-    if isinstance(go, dict) and isinstance(ours, dict):
-        out: list[tuple[str, Any, Any]] = []
-        for key in sorted(set(go) | set(ours)):
-            out += differences(go.get(key), ours.get(key), f"{path}/{key}")
-        return out
-    return [] if go == ours else [(path, go, ours)]
-
-
 # --- run inside a namespace ---------------------------------------------------------------------
-
-
-def _wire_lan(lan: str) -> None:
-    from pyroute2 import IPRoute
-
-    fd = os.open(lan, os.O_RDONLY)
-    try:
-        with IPRoute() as ipr:
-            ipr.link("add", ifname=MASTER, kind="veth", peer={"ifname": "lan0", "net_ns_fd": fd}, state="up")
-    finally:
-        os.close(fd)
-    netns.run_in(lan, _lan_side)
-
-
-def _lan_side() -> None:
-    from pyroute2 import IPRoute
-
-    with IPRoute() as ipr:
-        index = ipr.link_lookup(ifname="lan0")[0]
-        ipr.link("set", index=index, state="up")
-        for ip, plen in LAN.values():
-            ipr.addr("add", index=index, address=ip, prefixlen=plen, flags=IFA_F_NODAD)
 
 
 def _connect_from(src: str, dst: str, port: int) -> bool:
@@ -214,26 +183,6 @@ def _wait_link_local(name: str, timeout: float = 10.0) -> None:
         ):
             assert time.monotonic() < deadline, f"no link-local address on {name}"
             time.sleep(0.01)
-
-
-def _wait_no_tentative(timeout: float = 10.0) -> None:
-    import time
-
-    from pyroute2 import IPRoute
-
-    deadline = time.monotonic() + timeout
-    with IPRoute() as ipr:
-        while any(a.get("flags", 0) & IFA_F_TENTATIVE for a in ipr.addr("dump", family=socket.AF_INET6)):
-            assert time.monotonic() < deadline, "IPv6 addresses still tentative"
-            time.sleep(0.05)
-
-
-def _sysctl(name: str) -> str | None:
-    try:
-        with open("/proc/sys/" + name) as f:
-            return f.read().strip()
-    except FileNotFoundError:
-        return None
 
 
 def read_state(sysctls: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -279,5 +228,5 @@ def read_state(sysctls: tuple[str, ...] = ()) -> dict[str, Any]:
         "links": links,
         "routes": sorted(routes),
         "rules": sorted(rules),
-        "sysctls": {s: _sysctl(s) for s in sysctls},
+        "sysctls": {s: read_sysctl(s) for s in sysctls},
     }

@@ -15,7 +15,8 @@ import pytest
 from pycni import netns
 from pycni.errors import CNIError
 
-from .links_harness import MASTER, World, differences, host_local, read_state, worlds
+from .links_harness import MASTER, World, host_local, read_state, worlds
+from .twins import differences
 
 pytestmark = [pytest.mark.privileged, pytest.mark.reference]
 

@@ -16,7 +16,8 @@ import pytest
 from pycni.errors import CNIError
 from pycni_plugins._sublink import DRIVERS
 
-from .links_harness import MASTER, World, differences, host_local, kernel_has, worlds
+from .links_harness import MASTER, World, host_local, kernel_has, worlds
+from .twins import differences
 
 pytestmark = [pytest.mark.privileged, pytest.mark.reference]
 

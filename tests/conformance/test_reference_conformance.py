@@ -32,7 +32,8 @@ import pytest
 from pycni import probes
 from pycni.errors import CNIError
 
-from .harness import CONTAINER_PORT, HOST_PORT, World, behaviour, differences, expected_behaviour
+from .harness import CONTAINER_PORT, HOST_PORT, World, behaviour, expected_behaviour
+from .twins import differences
 
 pytestmark = [pytest.mark.privileged, pytest.mark.reference]
 

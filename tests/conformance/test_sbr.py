@@ -13,7 +13,8 @@ import pytest
 from pycni import netns
 from pycni.errors import CNIError
 
-from .links_harness import MASTER, World, differences, host_local, worlds
+from .links_harness import MASTER, World, host_local, worlds
+from .twins import differences
 
 pytestmark = [pytest.mark.privileged, pytest.mark.reference]
 

@@ -14,7 +14,8 @@ import os
 import re
 import socket
 import subprocess
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from pycni.sdk import PluginRequest, builtin_plugin
 from tests.conftest import REFERENCE_PLUGIN_DIR
 
 IMPLS = ("go", "inproc", "exec")
+IFA_F_NODAD, IFA_F_TENTATIVE = 0x02, 0x40
 
 
 @attrs.define
@@ -153,16 +155,69 @@ def _read_state(sysctls: tuple[str, ...]) -> dict[str, Any]:
                 continue
             qdiscs.append(f"{names.get(q['index'])} {kind} {q['handle']:x} parent {q['parent']:x}")
     state: dict[str, Any] = {"links": links, "routes": sorted(routes), "qdiscs": sorted(qdiscs)}
-    state["sysctls"] = {name: _sysctl(name) for name in sysctls}
+    state["sysctls"] = {name: read_sysctl(name) for name in sysctls}
     return state
 
 
-def _sysctl(name: str) -> str | None:
+def read_sysctl(name: str) -> str | None:
+    """A sysctl of the calling thread's namespace (``None``: no such key)."""
     try:
         with open("/proc/sys/" + name) as f:
             return f.read().strip()
     except FileNotFoundError:
         return None
+
+
+def wait_no_tentative(timeout: float = 10.0) -> None:
+    """Until no IPv6 address of the calling thread's namespace is tentative (DAD done)."""
+    from pyroute2 import IPRoute
+
+    deadline = time.monotonic() + timeout
+    with IPRoute() as ipr:
+        while any(a.get("flags", 0) & IFA_F_TENTATIVE for a in ipr.addr("dump", family=socket.AF_INET6)):
+            assert time.monotonic() < deadline, "IPv6 addresses still tentative"
+            time.sleep(0.05)
+
+
+def differences(go: Any, ours: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """Where two JSON-like values differ: ``(path, go's, ours)``, ``None`` for a missing key."""
+    if isinstance(go, dict) and isinstance(ours, dict):
+        out: list[tuple[str, Any, Any]] = []
+        for key in sorted(set(go) | set(ours)):
+            out += differences(go.get(key), ours.get(key), f"{path}/{key}")
+        return out
+    return [] if go == ours else [(path, go, ours)]
+
+
+def veth_to(
+    other: str,
+    name: str,
+    peer: str,
+    addrs: Sequence[tuple[str, int]] = (),
+    peer_addrs: Sequence[tuple[str, int]] = (),
+) -> None:
+    """A veth ``name`` in the calling thread's namespace whose end ``peer`` is in ``other``, both
+    up, with ``(ip, prefixlen)`` addresses on each end (no DAD)."""
+    from pyroute2 import IPRoute
+
+    fd = os.open(other, os.O_RDONLY)
+    try:
+        with IPRoute() as ipr:
+            ipr.link("add", ifname=name, kind="veth", peer={"ifname": peer, "net_ns_fd": fd}, state="up")
+            index = ipr.link_lookup(ifname=name)[0]
+            for ip, plen in addrs:
+                ipr.addr("add", index=index, address=ip, prefixlen=plen, flags=IFA_F_NODAD)
+    finally:
+        os.close(fd)
+
+    def far_end() -> None:
+        with IPRoute() as ipr:
+            index = ipr.link_lookup(ifname=peer)[0]
+            ipr.link("set", index=index, state="up")
+            for ip, plen in peer_addrs:
+                ipr.addr("add", index=index, address=ip, prefixlen=plen, flags=IFA_F_NODAD)
+
+    netns.run_in(other, far_end)
 
 
 def veth_into(twin: Twin, *, ctr_mac: str = "02:00:00:00:aa:01", host_name: str = "hveth0") -> None:

@@ -132,6 +132,24 @@ class World:
                 proc.wait()
         return proc.returncode, out, err
 
+    def cli(
+        self, bindir: Path, conf_dir: Path, verb: str, ns: str, cid: str, *extra: str, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        """``pycni VERB NETWORK NETNS ...`` inside the host namespace with the plugins exec'd from
+        ``bindir`` (``--backend exec``) and this world's conflist in ``conf_dir``, as an operator
+        would run it; ``env`` is added to :meth:`env`."""
+        argv = [sys.executable, "-m", "pycni.cli", verb, self.network.name, ns, "--container-id", cid, *extra]
+        argv += ["--conf-dir", str(conf_dir), "--cache-dir", str(self.cache_dir)]
+        argv += ["--plugin-path", str(bindir), "--backend", "exec"]
+        return subprocess.run(
+            ["nsenter", f"--net={self.host.path}", *argv],
+            cwd=str(REPO),
+            env=self.env(**env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
     def reached(self) -> list[tuple[str, int]]:
         """``(failpoint, pid)`` of every failpoint that acted in a spawned process."""
         path = self.root / "failpoints.log"
@@ -208,6 +226,11 @@ class World:
         self.check(cid, ns.path)
         assert self.ping(ips[0]), f"{cid} at {ips[0]} does not answer"
         return ips
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert proc.returncode == 0, proc.stderr
+    return proc
 
 
 @pytest.fixture

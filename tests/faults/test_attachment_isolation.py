@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
@@ -19,7 +18,7 @@ from pycni.runtime import Runtime
 from pycni.runtime_conf import RuntimeConf
 from pycni_plugins.install import install
 from pycni_plugins.kernel import links as kernel_links
-from tests.faults.conftest import REPO, World, conflist
+from tests.faults.conftest import World, conflist, ok
 from tests.helpers.kernel import links
 
 pytestmark = pytest.mark.privileged
@@ -116,60 +115,45 @@ def cli(world, tmp_path):
     (conf_dir / "10-crash.conflist").write_text(world.conflist_text)
 
     def run(verb: str, ns: str, cid: str, *extra: str, ports=None) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "pycni.cli", verb, world.network.name, ns, "--container-id", cid, *extra]
-        argv += ["--conf-dir", str(conf_dir), "--cache-dir", str(world.cache_dir)]
-        argv += ["--plugin-path", str(bindir), "--backend", "exec"]
-        env = world.env(CAP_ARGS=json.dumps({"portMappings": world.ports(cid) if ports is None else ports}))
-        return subprocess.run(
-            ["nsenter", f"--net={world.host.path}", *argv],
-            cwd=str(REPO),
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        cap_args = json.dumps({"portMappings": world.ports(cid) if ports is None else ports})
+        return world.cli(bindir, conf_dir, verb, ns, cid, *extra, CAP_ARGS=cap_args)
 
     return run
 
 
-def _ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert proc.returncode == 0, proc.stderr
-    return proc
-
-
 def test_cli_exec_a_failed_add_of_an_attachment_held_elsewhere_keeps_its_lease(world, cli):
     a, b = world.make_netns("c"), world.make_netns("c")
-    out = json.loads(_ok(cli("add", a.path, "dupx")).stdout)
+    out = json.loads(ok(cli("add", a.path, "dupx")).stdout)
     ip = out["ips"][0]["address"].split("/")[0]
     leases = world.leases()
     proc = cli("add", b.path, "dupx")
     assert proc.returncode == 1, proc.stderr
     assert set(links(b.path)) == {"lo"}
     assert world.leases() == leases
-    _ok(cli("check", a.path, "dupx"))
+    ok(cli("check", a.path, "dupx"))
     proc = cli("add", b.path, "third", "--args", f"IgnoreUnknown=1;IP={ip}")
     assert proc.returncode == 1 and f"requested IP address {ip} is not available" in proc.stderr, proc.stderr
     assert world.leases() == leases
-    _ok(cli("check", a.path, "dupx"))
-    _ok(cli("del", a.path, "dupx"))
-    _ok(cli("del", b.path, "third"))
+    ok(cli("check", a.path, "dupx"))
+    ok(cli("del", a.path, "dupx"))
+    ok(cli("del", b.path, "third"))
     assert world.leftovers(a) == {}
 
 
 def test_cli_exec_rollback_into_a_namespace_another_attachment_uses_leaves_it_alone(world, cli):
     ns = world.make_netns("c")
-    out = json.loads(_ok(cli("add", ns.path, "vic2")).stdout)
+    out = json.loads(ok(cli("add", ns.path, "vic2")).stdout)
     ip = out["ips"][0]["address"].split("/")[0]
     leases = world.leases()
     proc = cli("add", ns.path, "intruder", "--rollback")
     assert proc.returncode == 1 and "already exists" in proc.stderr, proc.stderr
-    _ok(cli("del", ns.path, "intruder"))
+    ok(cli("del", ns.path, "intruder"))
     assert world.leases() == leases
     in_ns = links(ns.path)
     assert "eth0" in in_ns and in_ns["lo"]["state"] != "DOWN", in_ns
-    _ok(cli("check", ns.path, "vic2"))
+    ok(cli("check", ns.path, "vic2"))
     assert world.ping(ip)
-    _ok(cli("del", ns.path, "vic2"))
+    ok(cli("del", ns.path, "vic2"))
     assert world.leftovers(ns) == {}
 
 
@@ -177,7 +161,7 @@ def test_cli_exec_a_host_ip_mapping_cannot_shadow_another_containers_port_on_eve
     """c1 publishes 18080 on every address; c2 asks for 18080 on the gateway address: refused,
     the message says what the earlier plugins left and that DEL removes it; c1 stays reachable."""
     c1, c2 = world.make_netns("c"), world.make_netns("c")
-    _ok(cli("add", c1.path, "c1", ports=[{"hostPort": 18080, "containerPort": 80}]))
+    ok(cli("add", c1.path, "c1", ports=[{"hostPort": 18080, "containerPort": 80}]))
     before = world.nft_elements()
     one = [{"hostPort": 18080, "containerPort": 80, "hostIP": "198.18.64.1"}]
     proc = cli("add", c2.path, "c2", ports=one)
@@ -185,10 +169,10 @@ def test_cli_exec_a_host_ip_mapping_cannot_shadow_another_containers_port_on_eve
     assert "host port 18080/tcp is already mapped by another container (crashnet c1 eth0)" in proc.stderr
     assert "portmap changed nothing" in proc.stderr and "a DEL of this attachment removes it" in proc.stderr
     assert [e for e in world.nft_elements() if "hostports" in e] == [e for e in before if "hostports" in e]
-    _ok(cli("check", c1.path, "c1", ports=[{"hostPort": 18080, "containerPort": 80}]))
-    _ok(cli("del", c2.path, "c2", ports=one))
+    ok(cli("check", c1.path, "c1", ports=[{"hostPort": 18080, "containerPort": 80}]))
+    ok(cli("del", c2.path, "c2", ports=one))
     assert world.nft_elements() == before
-    _ok(cli("del", c1.path, "c1"))
+    ok(cli("del", c1.path, "c1"))
     assert world.leftovers() == {}
 
 
@@ -225,7 +209,7 @@ def test_a_repeated_add_into_the_same_netns_still_reaches_the_plugins(world):
 
 def test_cli_exec_rollback_of_an_attachment_cached_in_another_netns_is_refused_before_any_plugin(world, cli):
     a, b = world.make_netns("c"), world.make_netns("c")
-    out = json.loads(_ok(cli("add", a.path, "dupx")).stdout)
+    out = json.loads(ok(cli("add", a.path, "dupx")).stdout)
     ip = out["ips"][0]["address"].split("/")[0]
     leases, elements = world.leases(), world.nft_elements()
     proc = cli("add", b.path, "dupx", "--rollback")
@@ -234,7 +218,7 @@ def test_cli_exec_rollback_of_an_attachment_cached_in_another_netns_is_refused_b
     assert '"code": 4' in proc.stdout or "code 4" in proc.stderr, (proc.stdout, proc.stderr)
     assert set(links(b.path)) == {"lo"}
     assert (world.leases(), world.nft_elements()) == (leases, elements)
-    _ok(cli("check", a.path, "dupx"))
+    ok(cli("check", a.path, "dupx"))
     assert world.ping(ip)
-    _ok(cli("del", a.path, "dupx"))
+    ok(cli("del", a.path, "dupx"))
     assert world.leftovers(a) == {}

@@ -8,9 +8,8 @@ as intruders whose ADD fails at link creation."""
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from pycni import netns
 from pycni.errors import CNIError
 from pycni_plugins.install import install
 from pycni_plugins.kernel import links as kernel_links
-from tests.faults.conftest import REPO, World
+from tests.faults.conftest import World, ok
 from tests.helpers.kernel import links
 
 pytestmark = pytest.mark.privileged
@@ -173,39 +172,21 @@ def _cli(world: World, tmp_path: Any, tag: str):
     conf_dir.mkdir()
     (conf_dir / "10-link.conflist").write_text(world.conflist_text)
 
-    def run(verb: str, ns: str, cid: str, *extra: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "pycni.cli", verb, world.network.name, ns, "--container-id", cid, *extra]
-        argv += ["--conf-dir", str(conf_dir), "--cache-dir", str(world.cache_dir)]
-        argv += ["--plugin-path", str(bindir), "--backend", "exec"]
-        return subprocess.run(
-            ["nsenter", f"--net={world.host.path}", *argv],
-            cwd=str(REPO),
-            env=world.env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
-    return run
-
-
-def _ok(proc: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    assert proc.returncode == 0, proc.stderr
-    return proc
+    return functools.partial(world.cli, bindir, conf_dir)
 
 
 def test_cli_exec_rollback_into_a_namespace_another_attachment_uses_leaves_its_link(worlds, tmp_path):
     vic_world, intruder_world = worlds
     vic, intruder = _cli(vic_world, tmp_path, "vic"), _cli(intruder_world, tmp_path, "intruder")
     ns = vic_world.make_netns("c")
-    out = json.loads(_ok(vic("add", ns.path, "vic")).stdout)
+    out = json.loads(ok(vic("add", ns.path, "vic")).stdout)
     assert out["ips"]
     before = _eth0(ns)
     proc = intruder("add", ns.path, "intruder", "--rollback")
     assert proc.returncode == 1 and "File exists" in proc.stderr, proc.stderr
     assert _eth0(ns) == before
-    _ok(intruder("del", ns.path, "intruder"))
+    ok(intruder("del", ns.path, "intruder"))
     assert _eth0(ns) == before
-    _ok(vic("check", ns.path, "vic"))
-    _ok(vic("del", ns.path, "vic"))
+    ok(vic("check", ns.path, "vic"))
+    ok(vic("del", ns.path, "vic"))
     assert set(links(ns.path)) == {"lo"} and _records(vic_world) == []

@@ -11,6 +11,7 @@ import pytest
 
 from pycni import netns
 from pycni.sdk import Attachment
+from tests.helpers import crashing
 
 from .conftest import Outcome, call
 
@@ -143,6 +144,23 @@ def test_errors_are_the_plugins_own_bytes(daemon, bindir, make_netns, host_ns, t
         local = call(bindir, plugin, env, stdin, host=host_ns.path, socket_path=daemon.socket, mode="off")
         assert served == local, (env, stdin)
     assert len(daemon.requests(len(cases))) == len(cases)
+
+
+def test_a_crashing_plugin_answers_error_999_as_the_plugin_run_without_the_daemon(
+    start_daemon, make_netns, host_ns, tmp_path
+):
+    env = crashing.register(tmp_path / "crashing")
+    daemon = start_daemon(env=env)
+    bindir = str(tmp_path / "crashing" / "bin")
+    conf = {"cniVersion": V, "name": "srvnet", "type": crashing.TYPE}
+    args = (bindir, crashing.TYPE, _env("ADD", make_netns("ctr").path), conf)
+    served = call(*args, host=host_ns.path, socket_path=daemon.socket, mode="required")
+    local = call(*args, host=host_ns.path, socket_path=daemon.socket, mode="off")
+    assert served == local
+    assert (served.status, served.json()) == (1, crashing.ERROR)
+    assert served.stderr.decode().endswith("RuntimeError: bug: no such key\n"), "the traceback, on stderr"
+    (line,) = daemon.requests(1)
+    assert " error (code 999) " in line
 
 
 def test_a_netns_path_that_is_no_namespace_is_left_to_the_plugin_run_by_the_shim(daemon, bindir, host_ns, tmp_path):

@@ -45,6 +45,7 @@ PUBLIC = {
         "environment",
         "find_plugin",
         "ifname_problem",
+        "internal_errors",
         "load_args",
         "parse_cni_args",
         "validate_attachment_key",

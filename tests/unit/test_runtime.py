@@ -23,7 +23,8 @@ from pycni.errors import (
 )
 from pycni.runtime import Runtime
 from pycni.runtime_conf import RuntimeConf
-from pycni.sdk import GCAttachment, GCReport, Plugin
+from pycni.sdk import GCAttachment, GCReport, Plugin, delegate
+from tests.helpers import crashing
 from tests.helpers.fake import alive
 
 NOBODY = 65534
@@ -526,16 +527,40 @@ class TestBackends:
         with pytest.raises(PluginNotFoundError, match="not built in"):
             runtime.add_network_list(net(fake_plugins, {"type": "nothing-like-this"}), RT)
 
-    def test_inprocess_crash_becomes_error_999(self, fake_plugins, tmp_path, monkeypatch):
-        class Crashy(Plugin):
+    @pytest.mark.parametrize("backend", ["inprocess", "exec"])
+    def test_a_crashing_plugin_fails_with_the_same_error_999_in_process_and_execd(
+        self, backend, fake_plugins, tmp_path, monkeypatch
+    ):
+        env = crashing.register(tmp_path / "crashing")
+        monkeypatch.setattr("pycni.backends.builtin_plugin", lambda t: crashing.CrashingPlugin())
+        monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+        monkeypatch.setenv("PYCNI_DAEMON", "off")  # the shim runs the exec'd skel itself
+        runtime = Runtime([str(tmp_path / "crashing" / "bin")], cache_dir=str(tmp_path / "c"), backend=backend)
+        with pytest.raises(PluginError) as e:
+            runtime.add_network_list(net(fake_plugins, {"type": crashing.TYPE}), RT)
+        context = 'plugin type="crashing" failed (add): '
+        assert e.value.to_json() == {**crashing.ERROR, "msg": context + crashing.ERROR["msg"]}
+
+    @pytest.mark.parametrize("step", ["validate", "add", "delegate"])
+    def test_a_crash_in_any_step_of_an_inprocess_plugin_is_error_999(self, step, fake_plugins, tmp_path, monkeypatch):
+        class CrashyIpam(Plugin):
             def add(self, request):
                 raise KeyError("oops")
 
+        class Crashy(CrashyIpam):
+            def validate(self, request):
+                if step == "validate":
+                    raise KeyError("oops")
+
+            def add(self, request):
+                return delegate(request, "crashy-ipam") if step == "delegate" else super().add(request)
+
         monkeypatch.setattr("pycni.backends.builtin_plugin", lambda t: Crashy())
+        monkeypatch.setattr("pycni.sdk.plugin.builtin_plugin", lambda t: CrashyIpam())
         runtime = Runtime([], cache_dir=str(tmp_path / "c"), backend="inprocess")
         with pytest.raises(PluginError) as e:
             runtime.add_network_list(net(fake_plugins, {"type": "x"}), RT)
-        assert e.value.code == 999
+        assert (e.value.code, e.value.msg, e.value.details) == (999, "'oops'", "")
 
     def test_backend_from_environment(self, monkeypatch, tmp_path):
         monkeypatch.setenv("PYCNI_BACKEND", "exec")
