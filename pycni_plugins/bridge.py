@@ -290,16 +290,7 @@ class BridgePlugin(Plugin):
     ) -> Result:
         att = attachment(request)
         store = _links(request)
-        previous = store.live(att)
-        if previous is not None:
-            # Another ADD of this attachment is alive (its veth is there): anything done here
-            # would take its record, elements and lease over, and undoing it would free them.
-            raise fail(
-                f"attachment {att.container_id}/{att.ifname} of network {att.network} already exists "
-                f'(host veth "{previous["host"]}" on bridge "{previous.get("bridge")}"): DEL it first'
-            )
-        # From here on a failure leaves a record naming no veth: its DEL deletes no interface.
-        undo.append(lambda: store.nothing_created(att, bridge=conf.bridge))
+        store.begin_veth(att, undo, bridge=conf.bridge)
         try:
             # A bridge someone deleted comes back with the MAC the attachments' results report.
             mac = _remembered_mac(store, conf.bridge) if links.ifindex(conf.bridge) is None else None

@@ -156,16 +156,7 @@ class PtpPlugin(Plugin):
     def _add(self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]) -> Result:
         att = attachment(request)
         store = _links(request)
-        previous = store.live(att)
-        if previous is not None:
-            # Another ADD of this attachment is alive (its veth is there): anything done here
-            # would take its record, elements and lease over, and undoing it would free them.
-            raise fail(
-                f"attachment {att.container_id}/{att.ifname} of network {att.network} already exists "
-                f'(host veth "{previous["host"]}"): DEL it first'
-            )
-        # From here on a failure leaves a record naming no veth: its DEL deletes no interface.
-        undo.append(lambda: store.nothing_created(att))
+        store.begin_veth(att, undo)
         raw = delegate(request, conf.ipam_type, "ADD")
         # Only now: a refused IPAM ADD leased nothing, and its DEL would free another ADD's lease.
         undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))

@@ -114,10 +114,19 @@ class LinkRecords(Records):
                 return None
             raise fail(str(e)) from e
 
-    def live(self, att: Attachment) -> dict[str, Any] | None:
-        """The attachment's veth record while the veth it names is still there."""
-        record = self.load(att.key)
-        return record if host_veth(record) is not None else None
+    def begin_veth(self, att: Attachment, undo: list[Callable[[], Any]], **extra: Any) -> None:
+        """The start of a veth plugin's ADD: refused while another ADD of the attachment is alive
+        (the veth its record names is there) — anything done here would take its record,
+        elements and lease over, and undoing it would free them; otherwise from here on a
+        failure (``undo``) leaves a record naming no veth, so its DEL deletes no interface."""
+        previous = self.load(att.key)
+        if isinstance(previous, dict) and host_veth(previous) is not None:
+            bridge = f' on bridge "{previous.get("bridge")}"' if "bridge" in extra else ""
+            raise fail(
+                f"attachment {att.container_id}/{att.ifname} of network {att.network} already exists "
+                f'(host veth "{previous["host"]}"{bridge}): DEL it first'
+            )
+        undo.append(lambda: self.nothing_created(att, **extra))
 
     def delete(self, att: Attachment, netns_path: str, ifname: str) -> None:
         """DEL's link part: the recorded host veth, or, with no record, ``ifname`` in the
