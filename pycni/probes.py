@@ -89,6 +89,9 @@ def tcp_echo(netns_path: str | None, address: str, port: int, *, timeout: float 
     return netns.run_in(netns_path, attempt)
 
 
+_RESEND = 0.25
+
+
 def _checksum(data: bytes) -> int:
     if len(data) % 2:
         data += b"\0"
@@ -99,7 +102,10 @@ def _checksum(data: bytes) -> int:
 
 
 def ping(netns_path: str | None, address: str, *, count: int = 1, timeout: float = 2.0) -> bool:
-    """ICMP echo (IPv4 or IPv6) from inside ``netns_path``; True when every request is answered."""
+    """ICMP echo (IPv4 or IPv6) from inside ``netns_path``; True when each of ``count`` requests
+    is answered within ``timeout``. An unanswered request is sent again every
+    :data:`_RESEND` seconds, as ``ping -w`` does: the first may be lost while a neighbour is
+    resolved or an address is still tentative (DAD)."""
     ip = ipaddress.ip_address(address)
 
     def run() -> bool:
@@ -109,20 +115,28 @@ def ping(netns_path: str | None, address: str, *, count: int = 1, timeout: float
         ident = os.getpid() & 0xFFFF
         with socket.socket(family, socket.SOCK_RAW, proto) as sock:
             for seq in range(count):
-                body = struct.pack("!d", time.monotonic())
-                header = struct.pack("!BBHHH", request_type, 0, 0, ident, seq)
-                checksum = 0 if v6 else _checksum(header + body)  # the kernel fills ICMPv6 checksums
-                sock.sendto(struct.pack("!BBHHH", request_type, 0, checksum, ident, seq) + body, (address, 0))
                 deadline = time.monotonic() + timeout
+                resend = 0.0
                 while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
+                    now = time.monotonic()
+                    if now >= deadline:
                         return False
-                    sock.settimeout(left)
+                    if now >= resend:
+                        body = struct.pack("!d", now)
+                        header = struct.pack("!BBHHH", request_type, 0, 0, ident, seq)
+                        checksum = 0 if v6 else _checksum(header + body)  # the kernel fills ICMPv6 checksums
+                        try:
+                            sock.sendto(
+                                struct.pack("!BBHHH", request_type, 0, checksum, ident, seq) + body, (address, 0)
+                            )
+                        except OSError:  # no route or source address yet: try again at the next resend
+                            pass
+                        resend = now + _RESEND
+                    sock.settimeout(max(min(deadline, resend) - time.monotonic(), 0.001))
                     try:
                         packet, _ = sock.recvfrom(1024)
                     except TimeoutError:
-                        return False
+                        continue
                     icmp = packet if v6 else packet[(packet[0] & 0x0F) * 4 :]
                     kind, _, _, rid, rseq = struct.unpack("!BBHHH", icmp[:8])
                     if kind == reply_type and rid == ident and rseq == seq:

@@ -26,6 +26,7 @@ from pycni.sdk.invoke import exec_plugin
 from pycni.types import AnyResult
 from pycni_plugins import install
 from tests.conftest import REFERENCE_PLUGIN_DIR, TEST_NS_PREFIX
+from tests.helpers.slow import scaled
 
 from .twins import read_sysctl, veth_to, wait_no_tentative
 
@@ -175,7 +176,7 @@ def _wait_link_local(name: str, timeout: float = 10.0) -> None:
 
     from pyroute2 import IPRoute
 
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     with IPRoute() as ipr:
         index = ipr.link_lookup(ifname=name)[0]
         while not any(

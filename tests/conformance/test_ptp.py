@@ -14,6 +14,7 @@ import re
 import pytest
 
 from pycni import netns, probes
+from tests.helpers.slow import scaled
 
 from .harness import OUTSIDE, OUTSIDE_PORT, _wire_outside
 from .twins import Twin, read_state
@@ -119,11 +120,11 @@ def test_connectivity_and_masquerade(twins, make_netns):
         ips_a = {4 if "." in ip["address"] else 6: ip["address"].split("/")[0] for ip in a["ips"]}
         ips_b = {4 if "." in ip["address"] else 6: ip["address"].split("/")[0] for ip in b["ips"]}
         for v in (4, 6):
-            assert probes.ping(twin.host.path, ips_a[v], timeout=3), (impl, v, "host->a")
-            assert probes.ping(other.path, ips_a[v], timeout=3), (impl, v, "b->a")
-            assert probes.ping(twin.ctr.path, ips_b[v], timeout=3), (impl, v, "a->b")
+            assert probes.ping(twin.host.path, ips_a[v], timeout=scaled(3)), (impl, v, "host->a")
+            assert probes.ping(other.path, ips_a[v], timeout=scaled(3)), (impl, v, "b->a")
+            assert probes.ping(twin.ctr.path, ips_b[v], timeout=scaled(3)), (impl, v, "a->b")
             with probes.TCPEchoServer(outside.path, OUTSIDE_PORT) as server:
-                assert probes.tcp_echo(twin.ctr.path, OUTSIDE[v][1], OUTSIDE_PORT, timeout=3), (impl, v)
+                assert probes.tcp_echo(twin.ctr.path, OUTSIDE[v][1], OUTSIDE_PORT, timeout=scaled(3)), (impl, v)
                 assert server.peers[-1] == OUTSIDE[v][0], (impl, v, "masqueraded to the host's address")
         twin.run("ptp", "DEL", conf, cid="c2", netns_path=other.path)
         twin.run("ptp", "DEL", conf)

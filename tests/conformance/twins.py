@@ -25,6 +25,7 @@ from pycni import netns
 from pycni.errors import CNIError
 from pycni.sdk import PluginRequest, builtin_plugin
 from tests.conftest import REFERENCE_PLUGIN_DIR
+from tests.helpers.slow import scaled
 
 IMPLS = ("go", "inproc", "exec")
 IFA_F_NODAD, IFA_F_TENTATIVE = 0x02, 0x40
@@ -172,7 +173,7 @@ def wait_no_tentative(timeout: float = 10.0) -> None:
     """Until no IPv6 address of the calling thread's namespace is tentative (DAD done)."""
     from pyroute2 import IPRoute
 
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     with IPRoute() as ipr:
         while any(a.get("flags", 0) & IFA_F_TENTATIVE for a in ipr.addr("dump", family=socket.AF_INET6)):
             assert time.monotonic() < deadline, "IPv6 addresses still tentative"

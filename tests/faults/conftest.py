@@ -22,6 +22,7 @@ from pycni.config import NetworkConfigList, conflist_from_bytes
 from pycni.runtime import Runtime
 from pycni.runtime_conf import RuntimeConf
 from tests.helpers.kernel import links
+from tests.helpers.slow import scaled
 
 REPO = Path(__file__).parents[2]
 NETWORK = "crashnet"
@@ -216,7 +217,7 @@ class World:
 
     def ping(self, ip: str) -> bool:
         try:
-            return probes.ping(self.host.path, ip, timeout=2)
+            return probes.ping(self.host.path, ip, timeout=scaled(2))
         except OSError:  # no route to it at all
             return False
 

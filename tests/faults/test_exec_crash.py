@@ -16,6 +16,7 @@ import pytest
 
 from pycni_plugins.install import install
 from tests.faults.conftest import World
+from tests.helpers.slow import scaled
 
 pytestmark = pytest.mark.privileged
 GO_PLUGINS = "/usr/lib/cni"
@@ -35,7 +36,7 @@ def _ppid(pid: int) -> int:
 
 
 def _wait_for(world: World, name: str, timeout: float = 60) -> int:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while time.monotonic() < deadline:
         for point, pid in world.reached():
             if point == name:

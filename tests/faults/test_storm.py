@@ -29,6 +29,7 @@ from pycni import netns, probes
 from tests.faults.test_crash_points import ADD_FAILPOINTS as ADD_POINTS
 from tests.faults.test_crash_points import DEL_FAILPOINTS as DEL_POINTS
 from tests.helpers.kernel import links
+from tests.helpers.slow import scaled
 
 pytestmark = pytest.mark.privileged
 
@@ -213,7 +214,7 @@ def test_storm(host_ns, tmp_path, monkeypatch):
                 if a["del_start"] is None or b["add_end"] < a["del_start"]:
                     duplicates.append((ip, a["i"], b["i"]))
         # 2. every live container reachable from the host namespace
-        unreachable = [i for i in sorted(live) if not probes.ping(host_ns.path, ips[i][0], timeout=1)]
+        unreachable = [i for i in sorted(live) if not probes.ping(host_ns.path, ips[i][0], timeout=scaled(3))]
         # 3. nothing left for deleted ones, everything there for live ones
         leases = {
             f.name: f.read_bytes().split(b"\r\n")[0].decode()

@@ -8,8 +8,11 @@ host-local's data dir are under ``tmp_path``.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +26,7 @@ import attrs
 import pytest
 
 from pycni import netns
+from tests.helpers.slow import scaled
 
 PYTHON = sys.executable
 
@@ -52,7 +56,7 @@ class Daemon:
     def wait_ready(self, timeout: float = 30.0) -> None:
         from pycni_plugins.serve.daemon import check
 
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"pycni serve exited with {self.proc.returncode}:\n{self.log()}")
@@ -110,6 +114,51 @@ def bindir(tmp_path: Path) -> str:
     path = tmp_path / "bin"
     install(str(path))
     return str(path)
+
+
+_LOADED = """import sys
+sys.path += {path!r}
+import {module}, pycni.sdk.skel
+for m in list(sys.modules.values()):
+    print(getattr(m, "__file__", None) or "")
+"""
+
+
+def install_for_any_uid(directory: str, types: list[str]) -> None:
+    """Install shims that another uid can run even when this checkout and its venv sit under a
+    0700 directory (CI clones into ``mktemp -d``): the interpreter by its real path, and copies of
+    the packages the fallback imports from outside ``/usr`` put in ``directory`` (mode 0755)."""
+    from pycni_plugins.install import install
+
+    os.chmod(directory, 0o755)
+    shims = install(directory, types)
+    with open(shims[0]) as f:
+        header = f.read()
+    path = ast.literal_eval(re.search(r"^FALLBACK_PATH = (.*)$", header, re.M).group(1))
+    target = re.search(r"^TARGET = '([^':]*)", header, re.M).group(1)
+    python = os.path.realpath(sys.executable)
+    loaded = subprocess.run(
+        [python, "-IS", "-c", _LOADED.format(path=path, module=target)], capture_output=True, text=True, check=True
+    ).stdout.split()
+    site = os.path.join(directory, "site")
+    for entry in (p for p in path if not p.startswith("/usr/")):
+        prefix = entry.rstrip("/") + "/"
+        for top in {f[len(prefix) :].split("/")[0] for f in loaded if f.startswith(prefix)}:
+            source = os.path.join(entry, top)
+            if os.path.isdir(source):
+                shutil.copytree(source, os.path.join(site, top), dirs_exist_ok=True)
+            else:
+                os.makedirs(site, exist_ok=True)
+                shutil.copy(source, site)
+    subprocess.run(["chmod", "-R", "a+rX", directory], check=True)
+    readable = [site, *(p for p in path if p.startswith("/usr/"))]
+    for shim in shims:
+        with open(shim) as f:
+            text = f.read()
+        text = re.sub(r"\A#!\S+", f"#!{python}", text)
+        text = re.sub(r"^FALLBACK_PATH = .*$", lambda _: f"FALLBACK_PATH = {readable!r}", text, count=1, flags=re.M)
+        with open(shim, "w") as f:
+            f.write(text)
 
 
 @pytest.fixture

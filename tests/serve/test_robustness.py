@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.kernel import links
+from tests.helpers.slow import scaled
 
-from .conftest import PYTHON, Daemon, call
+from .conftest import PYTHON, Daemon, call, install_for_any_uid
 
 pytestmark = pytest.mark.privileged
 
@@ -60,7 +61,7 @@ def _spawn(bindir: str, plugin: str, env: dict, stdin: dict, host: str, sock: st
 
 
 def _wait_for(predicate, timeout: float = 30.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
@@ -120,10 +121,7 @@ def test_check_says_whether_a_daemon_answers(daemon):
 def test_a_caller_neither_root_nor_the_daemons_uid_is_not_served(daemon, host_ns):
     shims = tempfile.mkdtemp(prefix="pycni-shims-")
     try:
-        os.chmod(shims, 0o755)
-        from pycni_plugins.install import install
-
-        install(shims, ["bridge"])
+        install_for_any_uid(shims, ["bridge"])
         # Let anyone reach the socket, so that only the peer-credential check stands in the way.
         os.chmod(os.path.dirname(daemon.socket), 0o711)
         os.chmod(daemon.socket, 0o666)
