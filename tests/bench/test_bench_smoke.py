@@ -99,12 +99,13 @@ def test_harness_runs_every_section_and_leaves_nothing(workdir: Path) -> None:
 
 def test_interrupted_run_cleans_up(workdir: Path) -> None:
     out = workdir / "bench.json"
-    argv = [sys.executable, "bench/run.py", "--n", "20", "--backends", "reference-exec", "--sections", "latency"]
+    # A cell long enough (seconds) that a loaded machine cannot finish it before the signal lands.
+    argv = [sys.executable, "bench/run.py", "--n", "400", "--backends", "reference-exec", "--sections", "latency"]
     proc = subprocess.Popen([*argv, "--json", str(out)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         assert proc.stderr is not None
-        for line in proc.stderr:  # interrupt in the middle of the n=20 cell's ADDs
-            if b"== latency n=20" in line:
+        for line in proc.stderr:  # interrupt in the middle of the n=400 cell's ADDs
+            if b"== latency n=400" in line:
                 break
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=90) == 130
