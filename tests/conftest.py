@@ -98,6 +98,19 @@ def host_ns(make_netns: Callable[[str], netns.Throwaway]) -> netns.Throwaway:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """pycni's state dir for every test that sets none itself: never the machine's /run/pycni,
+    which two suites on one machine would share (their records naming each other's links)."""
+    previous = os.environ.get("PYCNI_STATE_DIR")
+    os.environ["PYCNI_STATE_DIR"] = str(tmp_path_factory.mktemp("session-state"))
+    yield
+    if previous is None:
+        del os.environ["PYCNI_STATE_DIR"]
+    else:
+        os.environ["PYCNI_STATE_DIR"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _no_leaked_namespaces() -> Iterator[None]:
     def ours() -> set[str]:
         try:

@@ -4,14 +4,15 @@
 ``/run`` is a tmpfs on a systemd host, which fits: the records describe kernel state (nftables
 elements, veths) that a reboot wipes too. Where ``/run`` survives a reboot, the records outlive
 what they describe; the epoch check in :mod:`.nft` and ``pycni gc --reconcile`` deal with that.
-Directories are 0700 and files 0600; every path below the state dir
-is opened relative to a directory fd with ``O_NOFOLLOW``, so a symlink planted in the state dir
-is refused rather than followed. Writes are atomic and durable (:func:`pycni._fs.write_atomic`).
+Directories are 0700 and files 0600; the state dir itself and every path below it
+are opened with ``O_NOFOLLOW`` (below it, relative to a directory fd), so a symlink planted
+there is refused (``IO_FAILURE``) rather than followed. Writes are atomic and durable (:func:`pycni._fs.write_atomic`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterator
@@ -51,34 +52,36 @@ class Records:
     @contextlib.contextmanager
     def _open_dir(self, create: bool) -> Iterator[int | None]:
         root = self.root
-        if create:
-            with contextlib.suppress(FileExistsError):
-                os.makedirs(root, mode=0o700)
         try:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.makedirs(root, mode=0o700)
             top = os.open(root, _DIR_FLAGS)
         except FileNotFoundError:
             if create:
                 raise
             yield None
             return
+        except OSError as e:  # a symlink (O_NOFOLLOW) or a file where the directory should be
+            raise _refused(root, e) from None
         try:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(self.sub, 0o700, dir_fd=top)
             try:
+                if create:
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(self.sub, 0o700, dir_fd=top)
                 fd = os.open(self.sub, _DIR_FLAGS, dir_fd=top)
             except FileNotFoundError:
                 if create:
                     raise
                 yield None
                 return
+            except OSError as e:
+                raise _refused(f"{root}/{self.sub}", e) from None
             try:
                 try:
                     check_private_dir(fd, f"state dir {root}/{self.sub}")
                 except PermissionError as e:
-                    raise CNIError(
-                        f"refusing state dir {root}/{self.sub}: {e.strerror}", code=ErrorCode.IO_FAILURE
-                    ) from None
+                    raise _refused(f"{root}/{self.sub}", e) from None
                 yield fd
             finally:
                 os.close(fd)
@@ -121,6 +124,11 @@ class Records:
             if d is None:
                 return []
             return sorted(n for n in os.listdir(d) if not n.startswith("."))
+
+
+def _refused(path: str, e: OSError) -> CNIError:
+    reason = "it is a symlink" if e.errno == errno.ELOOP or os.path.islink(path) else e.strerror
+    return CNIError(f"refusing state dir {path}: {reason}", code=ErrorCode.IO_FAILURE)
 
 
 def _payload(data: Any) -> bytes:

@@ -6,8 +6,10 @@ C modules of the standard library (``posix``, ``sys``, ``_socket``, ``fcntl``), 
 milliseconds. It knows nothing of CNI: it forwards its environment's ``CNI_*`` and ``PYCNI_*``
 variables, its stdin bytes, and open fds of its own network namespace, of ``CNI_NETNS`` and of
 whatever it inherited (the runtime's lock fds) to ``pycni serve``, and reproduces the stdout,
-stderr and exit status the daemon sends back. It runs the plugin itself (the fallback: the same
-code the daemon runs, with this interpreter's own paths and pycni's install only) when
+stderr and exit status the daemon sends back — once the listener's peer credentials say it runs
+as root or as the shim's own uid (anyone else could forge the result). It runs the plugin itself
+(the fallback: the same code the daemon runs, with this interpreter's own paths and pycni's
+install only) when
 ``PYCNI_DAEMON=off``, when no daemon answers, when the daemon says so, or when the daemon goes
 away before it has started the request — or after, if the daemon said that is safe.
 ``PYCNI_DAEMON=required`` prints ``UNAVAILABLE`` and exits 1 instead of running the plugin.
@@ -133,6 +135,10 @@ def _main() -> None:
         sock.connect(path)
     except OSError as e:
         _without_daemon(stdin, required, path, e.strerror or str(e))
+    # Whoever listens gets our namespaces and lock fds and writes our result: only root or us.
+    peer_uid = int.from_bytes(sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)[4:8], sys.byteorder)
+    if peer_uid not in (0, posix.geteuid()):
+        _without_daemon(stdin, required, path, f"its listener runs as uid {peer_uid}, neither root nor ours")
     try:
         data = memoryview(head + kind + env + stdin)
         rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)

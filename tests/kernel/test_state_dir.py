@@ -118,3 +118,28 @@ def test_a_state_dir_that_is_not_private_is_refused_with_an_io_error(
     with pytest.raises(CNIError, match="refusing state dir .*loopback: .*must be private to uid") as info:
         runtime.add_network_list(network, RuntimeConf(CID, ctr.path, "eth0"))
     assert info.value.code == ErrorCode.IO_FAILURE
+
+
+@pytest.mark.parametrize("backend", ["inprocess", "exec"])
+def test_a_symlinked_state_dir_is_refused_with_an_io_error(backend, host_ns, make_netns, tmp_path, monkeypatch):
+    """``$PYCNI_STATE_DIR`` a symlink to a private directory: the same refusal, not a traceback."""
+    real = tmp_path / "real-state"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "state-link"
+    link.symlink_to(real)
+    monkeypatch.setenv("PYCNI_STATE_DIR", str(link))
+    monkeypatch.setenv("PYCNI_DAEMON", "off")
+    ctr = make_netns("c")
+    network = conflist_from_bytes(
+        json.dumps({"cniVersion": "1.0.0", "name": "net", "plugins": [{"type": "loopback"}]}).encode()
+    )
+    plugin_dir = tmp_path / "bin"
+    if backend == "exec":
+        from pycni_plugins.install import install
+
+        install(str(plugin_dir))
+    runtime = Runtime([str(plugin_dir)], cache_dir=str(tmp_path / "cache"), backend=backend, host_netns=host_ns.path)
+    with pytest.raises(CNIError, match=f"refusing state dir {link}: it is a symlink") as info:
+        runtime.add_network_list(network, RuntimeConf(CID, ctr.path, "eth0"))
+    assert info.value.code == ErrorCode.IO_FAILURE
+    assert os.listdir(real) == []

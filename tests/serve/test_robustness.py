@@ -139,6 +139,96 @@ def test_a_caller_neither_root_nor_the_daemons_uid_is_not_served(daemon, host_ns
         subprocess.run(["rm", "-rf", shims], check=True)
 
 
+_FAKE_DAEMON = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1])
+s.listen(1)
+print("listening", flush=True)
+conn, _ = s.accept()
+conn.settimeout(5)
+data, anc, _, _ = conn.recvmsg(1 << 16, socket.CMSG_SPACE(253 * 4))
+print(f"bytes={len(data)} fds={sum(len(d) // 4 for _, _, d in anc)}", flush=True)
+out = b'{"cniVersion": "6.6.6", "supportedVersions": ["6.6.6"]}'
+conn.sendall(b"R" + bytes(4) + len(out).to_bytes(4, "little") + bytes(4) + out)
+"""
+
+
+@pytest.mark.parametrize("mode", ["default", "required"])
+def test_a_shim_sends_nothing_to_a_listener_neither_root_nor_its_own_uid(bindir, host_ns, mode):
+    """A listener run as nobody on the shim's socket path gets no request and no fds, and its
+    forged answer is not printed: the shim runs the plugin itself, or fails when required."""
+    parent = tempfile.mkdtemp(prefix="pycni-fake-")
+    try:
+        os.chmod(parent, 0o755)
+        own = os.path.join(parent, "nobody")
+        os.mkdir(own, 0o700)
+        os.chown(own, 65534, 65534)
+        sock = os.path.join(own, "s.sock")
+        fake = subprocess.Popen(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "/usr/bin/python3",
+                "-I",
+                "-c",
+                _FAKE_DAEMON,
+                sock,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd="/",
+        )
+        try:
+            assert fake.stdout is not None and fake.stdout.readline() == "listening\n"
+            o = call(
+                bindir,
+                "bridge",
+                VERSION_ENV,
+                host=host_ns.path,
+                socket_path=sock,
+                mode=None if mode == "default" else mode,
+            )
+            fake.wait(timeout=scaled(10))
+            assert fake.stdout.read() == "bytes=0 fds=0\n"
+        finally:
+            fake.kill()
+            fake.wait()
+        assert b"6.6.6" not in o.stdout, o
+        if mode == "default":
+            assert o.status == 0 and "1.0.0" in o.json()["supportedVersions"], o
+        else:
+            assert o.status == 1 and o.json()["code"] == 11, o
+            assert b"its listener runs as uid 65534, neither root nor ours" in o.stderr, o
+    finally:
+        subprocess.run(["rm", "-rf", parent], check=True)
+
+
+def test_a_symlinked_state_dir_is_refused_through_the_daemon(
+    daemon, bindir, host_ns, make_netns, tmp_path, monkeypatch
+):
+    real = tmp_path / "real-state"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "state-link"
+    link.symlink_to(real)
+    monkeypatch.setenv("PYCNI_STATE_DIR", str(link))
+    conf = {"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}
+    o = call(
+        bindir,
+        "loopback",
+        _env("ADD", make_netns("ctr").path),
+        conf,
+        host=host_ns.path,
+        socket_path=daemon.socket,
+        mode="required",
+    )
+    assert o.status == 1 and o.json()["code"] == 5, o
+    assert o.json()["msg"] == f"refusing state dir {link}: it is a symlink", o
+    assert os.listdir(real) == []
+
+
 def test_an_oversized_request_is_left_to_the_shim(daemon, bindir, host_ns):
     big = {"cniVersion": "1.0.0", "name": "n", "type": "bridge", "pad": "x" * (2 << 20)}
     env = {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "eth0", "CNI_PATH": "/x"}
