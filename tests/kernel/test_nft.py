@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from pycni import netns
+from pycni.errors import CNIError, ErrorCode
 from pycni.sdk import Attachment
 from pycni_plugins.kernel import layout, nfnl, nft
 
@@ -196,5 +197,6 @@ def test_listing_and_removal_by_attachment_for_gc(host, kit, state_dir):
 def test_symlinked_state_dir_is_refused(host, state_dir, tmp_path):
     os.makedirs(state_dir, mode=0o700)
     os.symlink(str(tmp_path), os.path.join(state_dir, "nft"))
-    with pytest.raises(OSError):
+    with pytest.raises(CNIError, match=r"refusing state dir .*/nft: it is a symlink") as info:
         nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert info.value.code == ErrorCode.IO_FAILURE
