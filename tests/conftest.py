@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -101,13 +102,20 @@ def host_ns(make_netns: Callable[[str], netns.Throwaway]) -> netns.Throwaway:
 def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """pycni's state dir for every test that sets none itself: never the machine's /run/pycni,
     which two suites on one machine would share (their records naming each other's links)."""
-    previous = os.environ.get("PYCNI_STATE_DIR")
-    os.environ["PYCNI_STATE_DIR"] = str(tmp_path_factory.mktemp("session-state"))
-    yield
-    if previous is None:
-        del os.environ["PYCNI_STATE_DIR"]
-    else:
-        os.environ["PYCNI_STATE_DIR"] = previous
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYCNI_STATE_DIR", str(tmp_path_factory.mktemp("session-state")))
+        yield
+
+
+@pytest.fixture
+def symlinked_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """``$PYCNI_STATE_DIR`` a symlink to a private directory: ``(link, target)``."""
+    real = tmp_path / "real-state"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "state-link"
+    link.symlink_to(real)
+    monkeypatch.setenv("PYCNI_STATE_DIR", str(link))
+    return link, real
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,9 +4,10 @@
 ``/run`` is a tmpfs on a systemd host, which fits: the records describe kernel state (nftables
 elements, veths) that a reboot wipes too. Where ``/run`` survives a reboot, the records outlive
 what they describe; the epoch check in :mod:`.nft` and ``pycni gc --reconcile`` deal with that.
-Directories are 0700 and files 0600; the state dir itself and every path below it
-are opened with ``O_NOFOLLOW`` (below it, relative to a directory fd), so a symlink planted
-there is refused (``IO_FAILURE``) rather than followed. Writes are atomic and durable (:func:`pycni._fs.write_atomic`).
+Directories are 0700 and files 0600; the state dir itself and every path below it are opened
+with ``O_NOFOLLOW`` (below it, relative to a directory fd), so a symlink planted there is
+refused (``IO_FAILURE``) rather than followed. Writes are atomic and durable
+(:func:`pycni._fs.write_atomic`).
 """
 
 from __future__ import annotations

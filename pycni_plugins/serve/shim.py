@@ -9,9 +9,9 @@ whatever it inherited (the runtime's lock fds) to ``pycni serve``, and reproduce
 stderr and exit status the daemon sends back — once the listener's peer credentials say it runs
 as root or as the shim's own uid (anyone else could forge the result). It runs the plugin itself
 (the fallback: the same code the daemon runs, with this interpreter's own paths and pycni's
-install only) when
-``PYCNI_DAEMON=off``, when no daemon answers, when the daemon says so, or when the daemon goes
-away before it has started the request — or after, if the daemon said that is safe.
+install only) when ``PYCNI_DAEMON=off``, when no daemon answers or its listener is someone else,
+when the daemon says so, or when the daemon goes away before it has started the request — or
+after, if the daemon said that is safe.
 ``PYCNI_DAEMON=required`` prints ``UNAVAILABLE`` and exits 1 instead of running the plugin.
 
 Wire format (integers unsigned 32-bit little-endian), one connection per invocation:

@@ -121,13 +121,11 @@ def test_a_state_dir_that_is_not_private_is_refused_with_an_io_error(
 
 
 @pytest.mark.parametrize("backend", ["inprocess", "exec"])
-def test_a_symlinked_state_dir_is_refused_with_an_io_error(backend, host_ns, make_netns, tmp_path, monkeypatch):
+def test_a_symlinked_state_dir_is_refused_with_an_io_error(
+    backend, host_ns, make_netns, tmp_path, monkeypatch, symlinked_state_dir
+):
     """``$PYCNI_STATE_DIR`` a symlink to a private directory: the same refusal, not a traceback."""
-    real = tmp_path / "real-state"
-    real.mkdir(mode=0o700)
-    link = tmp_path / "state-link"
-    link.symlink_to(real)
-    monkeypatch.setenv("PYCNI_STATE_DIR", str(link))
+    link, real = symlinked_state_dir
     monkeypatch.setenv("PYCNI_DAEMON", "off")
     ctr = make_netns("c")
     network = conflist_from_bytes(

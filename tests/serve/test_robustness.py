@@ -206,14 +206,8 @@ def test_a_shim_sends_nothing_to_a_listener_neither_root_nor_its_own_uid(bindir,
         subprocess.run(["rm", "-rf", parent], check=True)
 
 
-def test_a_symlinked_state_dir_is_refused_through_the_daemon(
-    daemon, bindir, host_ns, make_netns, tmp_path, monkeypatch
-):
-    real = tmp_path / "real-state"
-    real.mkdir(mode=0o700)
-    link = tmp_path / "state-link"
-    link.symlink_to(real)
-    monkeypatch.setenv("PYCNI_STATE_DIR", str(link))
+def test_a_symlinked_state_dir_is_refused_through_the_daemon(daemon, bindir, host_ns, make_netns, symlinked_state_dir):
+    link, real = symlinked_state_dir
     conf = {"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}
     o = call(
         bindir,
