@@ -1,5 +1,6 @@
 """The file rules the runtime and the plugins share: the ownership rule for pycni's private
-directories (results cache, plugin state records) and the one atomic write.
+directories (results cache, plugin state records), the rule for a path root runs or trusts
+(installed plugins, later the daemon's socket) and the one atomic write.
 
 Both sides trust a directory for the same reasons: what is in it decides what DEL and GC remove,
 so a directory that another uid owns, or that anyone else may read or write, could hold planted
@@ -15,7 +16,7 @@ import os
 import secrets
 import stat
 
-__all__ = ["check_private_dir", "write_atomic"]
+__all__ = ["check_private_dir", "unsafe_ancestor", "write_atomic"]
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -30,6 +31,31 @@ def check_private_dir(fd: int, what: str) -> None:
             f"{what} must be private to uid {os.geteuid()} (owned by it, mode 0700), "
             f"but is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}",
         )
+
+
+def unsafe_ancestor(path: str) -> str | None:
+    """Why another uid could replace what is at ``path`` (``None``: none could), as sshd's
+    StrictModes judges: ``path`` (when it exists) and every ancestor must be owned by root or
+    this process's effective uid, and none writable by group or others — but an ancestor that
+    is sticky (as /tmp), whose entries only their owners may rename. Symlinks are resolved
+    first, so their targets are judged."""
+    euid = os.geteuid()
+    target = current = os.path.realpath(path)
+    while True:
+        try:
+            st = os.stat(current)
+        except FileNotFoundError:
+            pass  # to be made, by us
+        else:
+            mode = stat.S_IMODE(st.st_mode)
+            if st.st_uid not in (0, euid):
+                return f"{current} is owned by uid {st.st_uid}, neither root nor {euid}"
+            if mode & 0o022 and (current == target or not mode & stat.S_ISVTX):
+                return f"{current} is writable by group or others (mode {mode:04o})"
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
 
 
 def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, exclusive: bool = False) -> bool:

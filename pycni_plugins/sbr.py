@@ -19,7 +19,6 @@ the vanished path, and its DEL fails).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import os
 import socket
@@ -27,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pycni import netns
-from pycni.sdk import Plugin, PluginRequest
+from pycni.sdk import Plugin, PluginRequest, cancel
 from pycni.types import IPConfig, Result
 
 from ._common import Fields, emit, fail, in_netns, netns_gone, prev_result
@@ -69,7 +68,7 @@ def _locked(path: str) -> Iterator[int]:
     """The netns file, open and under the reference's lock (``flock(LOCK_EX)`` on it)."""
     fd = netns.open_netns(path)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        cancel.flock(fd, f"the lock on {path}")
         yield fd
     finally:
         os.close(fd)

@@ -33,15 +33,26 @@ def list_plugins() -> None:
     default=None,
     help="The `pycni serve` socket the shims use when PYCNI_SOCKET is unset [default /run/pycni/pycni.sock].",
 )
-def install(directory: str, types: tuple[str, ...], socket_path: str | None) -> None:
+@click.option(
+    "--force", is_flag=True, help="Install even where another user could replace the plugins (warns instead)."
+)
+def install(directory: str, types: tuple[str, ...], socket_path: str | None, force: bool) -> None:
     """Write an executable per plugin type into DIRECTORY (e.g. /opt/cni/bin) for libcni,
     cnitool, containerd, Nomad or podman to exec: a shim handing each call to `pycni serve`,
-    or running the plugin itself when no daemon answers."""
+    or running the plugin itself when no daemon answers. DIRECTORY and its ancestors must be
+    owned by root or you and writable by no one else (a sticky /tmp aside), unless --force."""
+    from pycni._fs import unsafe_ancestor
+    from pycni_plugins.install import UnsafeDirectory
     from pycni_plugins.install import install as do_install
 
+    unsafe = unsafe_ancestor(directory) if force else None
+    if unsafe:
+        click.echo(f"warning: another user could replace the plugins installed in {directory}: {unsafe}", err=True)
     try:
-        written = do_install(directory, types or None, socket=socket_path)
+        written = do_install(directory, types or None, socket=socket_path, force=force)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--type") from None
+    except UnsafeDirectory as e:
+        raise click.ClickException(f"{e} (--force to install anyway)") from None
     for path in written:
         click.echo(path)

@@ -17,16 +17,35 @@ __all__ = ["serve"]
     "passed by systemd (LISTEN_FDS) wins.",
 )
 @click.option("--check", is_flag=True, help="Only tell whether a daemon answers on the socket (exit 0 if so).")
-@click.option("--workers", type=click.IntRange(1, 64), default=4, show_default=True, help="Requests run at once.")
 @click.option(
-    "--queue", type=click.IntRange(0, 4096), default=64, show_default=True, help="Requests that may wait for a worker."
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=4,
+    show_default=True,
+    help="Requests run at once (one waiting for a lock does not count).",
+)
+@click.option(
+    "--queue",
+    type=click.IntRange(0, 4096),
+    default=64,
+    show_default=True,
+    help="Connections that may wait for a worker (beyond it, or --wait, the shim runs the plugin itself).",
 )
 @click.option(
     "--wait",
     type=click.FloatRange(0),
     default=10.0,
     show_default=True,
-    help="Seconds a request waits for a worker before 'try again later' (CNI error 11).",
+    help="Seconds a request waits for a worker before its shim runs the plugin itself "
+    "(CNI error 11, try again later, under PYCNI_DAEMON=required).",
+)
+@click.option(
+    "--deadline",
+    type=click.FloatRange(0, min_open=True),
+    default=120.0,
+    show_default=True,
+    help="Seconds after which a request still waiting for a lock gives up (as it does at once "
+    "when its caller goes away).",
 )
 @click.option(
     "--drain",
@@ -35,7 +54,9 @@ __all__ = ["serve"]
     show_default=True,
     help="Seconds running requests get to finish on SIGTERM.",
 )
-def serve(socket_path: str | None, check: bool, workers: int, queue: int, wait: float, drain: float) -> None:
+def serve(
+    socket_path: str | None, check: bool, workers: int, queue: int, wait: float, deadline: float, drain: float
+) -> None:
     """Run the built-in plugins for the shims `pycni plugins install` writes (foreground, logs to
     stderr, one line per request). SIGTERM stops accepting, lets running requests finish and
     removes the socket."""
@@ -50,4 +71,4 @@ def serve(socket_path: str | None, check: bool, workers: int, queue: int, wait: 
         raise SystemExit(0 if ok else 1)
     from pycni_plugins.serve.daemon import Limits, run
 
-    run(path, Limits(workers=workers, queue=queue, wait=wait, drain=drain))
+    run(path, Limits(workers=workers, queue=queue, wait=wait, deadline=deadline, drain=drain))

@@ -8,7 +8,8 @@ and the standard library; neither the runtime nor the plugins are imported by it
 
 Modules: :mod:`.request` (PluginRequest), :mod:`.plugin` (the contract, the built-in registry,
 delegation), :mod:`.args` (``CNI_ARGS``), :mod:`.validate` (names, IDs, ifnames), :mod:`.invoke`
-(exec'ing a plugin binary), :mod:`.skel` (the exec'd entry point).
+(exec'ing a plugin binary), :mod:`.skel` (the exec'd entry point), :mod:`.cancel` (waits that
+give up when the caller has gone).
 """
 
 from __future__ import annotations

@@ -205,12 +205,14 @@ def _entry_points() -> dict[str, Any]:
     return found
 
 
-@cache
 def builtin_plugin(plugin_type: str) -> Plugin | None:
     """The in-process plugin for a CNI type (loaded on first use), or ``None``."""
-    ep = _entry_points().get(plugin_type)
-    if ep is None:
-        return None
+    return _load(plugin_type) if plugin_type in _entry_points() else None
+
+
+@cache  # keyed by entry point names only: a caller's arbitrary type strings are never kept
+def _load(plugin_type: str) -> Plugin | None:
+    ep = _entry_points()[plugin_type]
     try:
         plugin: Plugin = ep.load()()  # entry points are untyped: the group's contract is a Plugin class
     except ImportError:

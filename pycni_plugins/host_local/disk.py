@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from pycni.errors import CNIError
+from pycni.sdk import cancel
 from pycni.types import IPAddress
 
 from . import lease_cache
@@ -86,7 +87,7 @@ class DiskStore:
 
     @contextmanager
     def locked(self) -> Iterator[DiskStore]:
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        cancel.flock(self._lock_fd, f"the lock of {self.path}")
         try:
             yield self
         finally:

@@ -2,26 +2,29 @@
 
 The installer replaces everything above the body marker line with the shebang
 (``#!<python> -IS``) and the constants below, resolved at install time. The body imports only
-C modules of the standard library (``posix``, ``sys``, ``_socket``, ``fcntl``), so the shim starts in a few
-milliseconds. It knows nothing of CNI: it forwards its environment's ``CNI_*`` and ``PYCNI_*``
-variables, its stdin bytes, and open fds of its own network namespace, of ``CNI_NETNS`` and of
-whatever it inherited (the runtime's lock fds) to ``pycni serve``, and reproduces the stdout,
-stderr and exit status the daemon sends back — once the listener's peer credentials say it runs
-as root or as the shim's own uid (anyone else could forge the result). It runs the plugin itself
-(the fallback: the same code the daemon runs, with this interpreter's own paths and pycni's
-install only) when ``PYCNI_DAEMON=off``, when no daemon answers or its listener is someone else,
-when the daemon says so, or when the daemon goes away before it has started the request — or
-after, if the daemon said that is safe.
+C modules of the standard library (``posix``, ``sys``, ``_socket``, ``fcntl``), so the shim
+starts in a few milliseconds. It knows nothing of CNI: it forwards its environment's ``CNI_*``
+and ``PYCNI_*`` variables, its stdin bytes, and open fds of its own network namespace, its
+working directory, ``CNI_NETNS`` and whatever it inherited (the runtime's lock fds) to
+``pycni serve``, and reproduces the stdout, stderr and exit status the daemon sends back — only
+through a socket path no other uid could replace (sshd's StrictModes), and once the listener's
+peer credentials say it runs as root or as the shim's own uid (anyone else could forge the
+result). It runs the plugin itself (the fallback: the same code the daemon runs, with this
+interpreter's own paths and pycni's install only) when ``PYCNI_DAEMON=off``, when no daemon
+answers, its path is unsafe or its listener is someone else, when it inherited more fds than
+the daemon takes, when the daemon says so (it is busy, say), or when the daemon goes away
+before it has started the request — or after, if the daemon said that is safe.
 ``PYCNI_DAEMON=required`` prints ``UNAVAILABLE`` and exits 1 instead of running the plugin.
 
 Wire format (integers unsigned 32-bit little-endian), one connection per invocation:
 
-* request: ``b"PYCNI\\x01"``, type length, environment length, stdin length, 1 if the second fd
+* request: ``b"PYCNI\\x02"``, type length, environment length, stdin length, 1 if the third fd
   is ``CNI_NETNS`` else 0, the errno opening ``CNI_NETNS`` failed with (else 0); then the type,
   the ``NAME=value`` pairs separated by NUL, the stdin bytes. The first chunk carries the fds
-  (``SCM_RIGHTS``): own netns, ``CNI_NETNS`` (if flagged), inherited fds.
+  (``SCM_RIGHTS``): own netns, working directory, ``CNI_NETNS`` (if flagged), inherited fds
+  (16 in all at most).
   ``b"PYCNI?"`` alone asks whether a daemon answers (``pycni serve --check``).
-* answer: ``b"F"`` (run it yourself), or ``b"A"`` + on-loss mode (1 byte: 0 run it yourself,
+* answer: ``b"F"`` + why (run it yourself), or ``b"A"`` + on-loss mode (1 byte: 0 run it yourself,
   1 print) + status + length + bytes — what to print if the connection ends before the result
   — then ``b"R"`` + status + stdout length + stderr length + stdout + stderr.
 """
@@ -37,7 +40,7 @@ import fcntl  # noqa: E402
 import posix  # noqa: E402
 import sys  # noqa: E402
 
-_MAX_FDS = 250  # the kernel takes at most 253 per message
+_MAX_FDS = 16  # the daemon's cap (daemon.MAX_FDS)
 
 
 def _u32(n: int) -> bytes:
@@ -68,6 +71,28 @@ def _without_daemon(stdin: bytes, required: bool, path: bytes, reason: str) -> N
     _local(stdin)
 
 
+def _unsafe(path: bytes) -> str:
+    """Why another uid could put its own socket at ``path`` ("" if none could), as the daemon
+    judges its socket directory: each directory on the way owned by root or us, and none but a
+    sticky one (as /tmp) above the last writable by group or others. A directory reached through
+    a symlink is judged as its target, not its target's ancestors (the daemon checked those)."""
+    if path[:1] != b"/":
+        return "the socket path is not absolute"
+    euid = posix.geteuid()
+    parts = path.split(b"/")[:-1]
+    for i in range(1, len(parts) + 1):
+        directory = b"/".join(parts[:i]) or b"/"
+        try:
+            st = posix.stat(directory)
+        except OSError:
+            return ""  # connecting fails, and says why
+        if st.st_uid not in (0, euid):
+            return f"{directory.decode(errors='replace')} is owned by uid {st.st_uid}, neither root nor {euid}"
+        if st.st_mode & 0o022 and (i == len(parts) or not st.st_mode & 0o1000):
+            return f"{directory.decode(errors='replace')} is writable by group or others"
+    return ""
+
+
 def _read_stdin() -> bytes:
     chunks = []
     while chunk := posix.read(0, 1 << 16):
@@ -79,7 +104,7 @@ def _inherited() -> list[int]:
     fds: list[int] = []
     for name in posix.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd > 2 and len(fds) < _MAX_FDS - 2:
+        if fd > 2:
             try:
                 posix.fstat(fd)  # the listing's own fd is closed by now
             except OSError:
@@ -119,17 +144,26 @@ def _main() -> None:
         _local(stdin)
     required = mode == b"required"
     path = environ.get(b"PYCNI_SOCKET") or SOCKET.encode()
+    unsafe = _unsafe(path)
+    if unsafe:
+        _without_daemon(stdin, required, path, "another user could replace the socket: " + unsafe)
     fds = _inherited()
+    if len(fds) > _MAX_FDS - 3:  # the daemon could not hold them all (the runtime's locks)
+        _without_daemon(stdin, required, path, f"{len(fds)} inherited fds, more than the daemon takes")
     ctr_fd, ctr_errno = -1, 0
     if environ.get(b"CNI_NETNS"):
         ctr_fd, ctr_errno = _open_netns(environ[b"CNI_NETNS"])
         if ctr_fd < 0 and not ctr_errno:
             _without_daemon(stdin, required, path, "CNI_NETNS is not a network namespace")
     own = posix.open("/proc/thread-self/ns/net", posix.O_RDONLY | posix.O_CLOEXEC)
-    fds[:0] = [own, ctr_fd] if ctr_fd >= 0 else [own]
+    try:
+        cwd = posix.open(".", posix.O_PATH | posix.O_DIRECTORY | posix.O_CLOEXEC)
+    except OSError as e:
+        _without_daemon(stdin, required, path, "cannot open the working directory: " + (e.strerror or str(e)))
+    fds[:0] = [own, cwd, ctr_fd] if ctr_fd >= 0 else [own, cwd]
     env = b"\0".join(k + b"=" + v for k, v in environ.items() if k.startswith((b"CNI_", b"PYCNI_")))
     kind = PLUGIN_TYPE.encode()
-    head = b"PYCNI\x01" + _u32(len(kind)) + _u32(len(env)) + _u32(len(stdin)) + _u32(ctr_fd >= 0) + _u32(ctr_errno)
+    head = b"PYCNI\x02" + _u32(len(kind)) + _u32(len(env)) + _u32(len(stdin)) + _u32(ctr_fd >= 0) + _u32(ctr_errno)
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         sock.connect(path)
@@ -163,7 +197,10 @@ def _main() -> None:
             _emit(status, answer[10 : 10 + size], b"pycni shim: the daemon went away during the request\n")
         _without_daemon(stdin, required, path, "the daemon went away during the request")
     _result(answer)
-    reason = "the daemon asked for the plugin to run here" if answer == b"F" else "no answer from the daemon"
+    if answer[:1] == b"F":
+        reason = "the daemon asked for the plugin to run here: " + answer[1:].decode(errors="replace")
+    else:
+        reason = "no answer from the daemon"
     _without_daemon(stdin, required, path, reason)
 
 

@@ -42,13 +42,22 @@ class Outcome:
 
 
 class Daemon:
-    """A ``pycni serve`` process in ``host``; :meth:`stop` sends SIGTERM and reaps it."""
+    """A ``pycni serve`` process in ``host`` (``wrap`` execs before ``nsenter``, keeping the pid);
+    :meth:`stop` sends SIGTERM and reaps it."""
 
-    def __init__(self, host: str, socket_path: str, log: Path, env: Mapping[str, str], args: list[str]) -> None:
+    def __init__(
+        self,
+        host: str,
+        socket_path: str,
+        log: Path,
+        env: Mapping[str, str],
+        args: list[str],
+        wrap: tuple[str, ...] = (),
+    ) -> None:
         self.host = host
         self.socket = socket_path
         self.log_path = log
-        argv = ["nsenter", f"--net={host}", PYTHON, "-m", "pycni.cli", "serve", "--socket", socket_path, *args]
+        argv = [*wrap, "nsenter", f"--net={host}", PYTHON, "-m", "pycni.cli", "serve", "--socket", socket_path, *args]
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=dict(env))
         self.wait_ready()
@@ -165,11 +174,13 @@ def install_for_any_uid(directory: str, types: list[str]) -> None:
 def start_daemon(host_ns: netns.Throwaway, sock_dir: str, tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
-    def start(*args: str, host: str | None = None, env: Mapping[str, str] | None = None) -> Daemon:
+    def start(
+        *args: str, host: str | None = None, env: Mapping[str, str] | None = None, wrap: tuple[str, ...] = ()
+    ) -> Daemon:
         n = len(started)
         log = tmp_path / f"serve{n}.log"
         full = {**os.environ, **(env or {})}
-        daemon = Daemon(host or host_ns.path, os.path.join(sock_dir, f"s{n}.sock"), log, full, list(args))
+        daemon = Daemon(host or host_ns.path, os.path.join(sock_dir, f"s{n}.sock"), log, full, list(args), wrap)
         started.append(daemon)
         return daemon
 
@@ -195,9 +206,11 @@ def call(
     pass_fds: tuple[int, ...] = (),
     wrap: tuple[str, ...] = (),
     inner: tuple[str, ...] = (),
+    cwd: str | os.PathLike[str] | None = None,
 ) -> Outcome:
-    """Exec shim ``plugin`` in namespace ``host`` with ``env`` (plus PATH and the state dir);
-    ``mode`` sets ``PYCNI_DAEMON``; ``wrap`` runs before ``nsenter``, ``inner`` between it and the shim."""
+    """Exec shim ``plugin`` in namespace ``host`` with ``env`` (plus PATH and the state dir)
+    from ``cwd``; ``mode`` sets ``PYCNI_DAEMON``; ``wrap`` runs before ``nsenter``, ``inner``
+    between it and the shim."""
     data = stdin if isinstance(stdin, bytes) else (stdin if isinstance(stdin, str) else json.dumps(stdin)).encode()
     full = {"PATH": os.environ["PATH"], "PYCNI_STATE_DIR": os.environ["PYCNI_STATE_DIR"], **env}
     if socket_path:
@@ -205,5 +218,5 @@ def call(
     if mode:
         full["PYCNI_DAEMON"] = mode
     argv = [*wrap, "nsenter", f"--net={host}", *inner, os.path.join(bindir, plugin)]
-    p = subprocess.run(argv, input=data, capture_output=True, env=full, pass_fds=pass_fds, timeout=120)
+    p = subprocess.run(argv, input=data, capture_output=True, env=full, pass_fds=pass_fds, timeout=120, cwd=cwd)
     return Outcome(p.returncode, p.stdout, p.stderr)

@@ -3,10 +3,13 @@ leave mid-request, SIGTERM, systemd socket activation, ``--check``, and a shim t
 
 from __future__ import annotations
 
+import array
+import contextlib
 import errno
 import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -14,6 +17,7 @@ import struct
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -106,6 +110,50 @@ def test_refuses_a_socket_dir_others_can_enter_and_a_socket_another_daemon_serve
     assert check(daemon.socket)[0]
 
 
+def test_refuses_a_socket_under_a_directory_another_user_could_swap(host_ns):
+    """``nobody`` owns an ancestor of the socket's 0700 directory: it could rename that away
+    and take over the socket's path, so the daemon does not start."""
+    shared = tempfile.mkdtemp(prefix="pycni-swap-")
+    try:
+        os.chmod(shared, 0o777)
+        os.chown(shared, 65534, 65534)
+        run = os.path.join(shared, "run")
+        os.mkdir(run, 0o700)
+        p = subprocess.run(
+            ["nsenter", f"--net={host_ns.path}", PYTHON, "-m", "pycni.cli", "serve", "--socket", f"{run}/pycni.sock"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert p.returncode == 1, p
+        assert f"another user could replace the socket directory {run}" in p.stderr, p.stderr
+        assert f"{shared} is owned by uid 65534, neither root nor 0" in p.stderr, p.stderr
+        assert os.listdir(run) == []
+    finally:
+        shutil.rmtree(shared)
+
+
+def test_a_shim_does_not_connect_through_a_path_another_user_could_swap(daemon, bindir, host_ns):
+    """The daemon's socket reached through a 0777 directory (a symlink in it to the socket's
+    directory): anyone could point that elsewhere, so the shim sends nothing."""
+    weak = tempfile.mkdtemp(prefix="pycni-weak-")
+    try:
+        os.chmod(weak, 0o777)
+        os.symlink(os.path.dirname(daemon.socket), os.path.join(weak, "to-daemon"))
+        sock = os.path.join(weak, "to-daemon", os.path.basename(daemon.socket))
+        required = call(bindir, "bridge", VERSION_ENV, host=host_ns.path, socket_path=sock, mode="required")
+        assert (required.status, required.json()["code"]) == (1, 11), required
+        assert (
+            f"another user could replace the socket: {weak} is writable by group or others".encode() in required.stderr
+        )
+        fallback = call(bindir, "bridge", VERSION_ENV, host=host_ns.path, socket_path=sock)
+        assert fallback.status == 0 and fallback.json()["supportedVersions"], fallback
+        assert call(bindir, "bridge", VERSION_ENV, host=host_ns.path, socket_path=daemon.socket).status == 0
+        assert len(daemon.requests(1)) == 1, "only the request through the safe path reached the daemon"
+    finally:
+        shutil.rmtree(weak)
+
+
 def test_check_says_whether_a_daemon_answers(daemon):
     def check() -> subprocess.CompletedProcess[str]:
         argv = [PYTHON, "-m", "pycni.cli", "serve", "--check", "--socket", daemon.socket]
@@ -141,8 +189,7 @@ def test_a_caller_neither_root_nor_the_daemons_uid_is_not_served(daemon, host_ns
 
 _FAKE_DAEMON = """
 import socket, sys
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind(sys.argv[1])
+s = socket.socket(fileno=int(sys.argv[1]))
 s.listen(1)
 print("listening", flush=True)
 conn, _ = s.accept()
@@ -157,30 +204,32 @@ conn.sendall(b"R" + bytes(4) + len(out).to_bytes(4, "little") + bytes(4) + out)
 @pytest.mark.parametrize("mode", ["default", "required"])
 def test_a_shim_sends_nothing_to_a_listener_neither_root_nor_its_own_uid(bindir, host_ns, mode):
     """A listener run as nobody on the shim's socket path gets no request and no fds, and its
-    forged answer is not printed: the shim runs the plugin itself, or fails when required."""
+    forged answer is not printed: the shim runs the plugin itself, or fails when required. (The
+    path is one the shim trusts: root bound the socket and nobody got it to listen on.)"""
     parent = tempfile.mkdtemp(prefix="pycni-fake-")
     try:
         os.chmod(parent, 0o755)
-        own = os.path.join(parent, "nobody")
-        os.mkdir(own, 0o700)
-        os.chown(own, 65534, 65534)
-        sock = os.path.join(own, "s.sock")
-        fake = subprocess.Popen(
-            [
-                "setpriv",
-                "--reuid=65534",
-                "--regid=65534",
-                "--clear-groups",
-                "/usr/bin/python3",
-                "-I",
-                "-c",
-                _FAKE_DAEMON,
-                sock,
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd="/",
-        )
+        sock = os.path.join(parent, "s.sock")
+        bound = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        bound.bind(sock)
+        with bound:
+            fake = subprocess.Popen(
+                [
+                    "setpriv",
+                    "--reuid=65534",
+                    "--regid=65534",
+                    "--clear-groups",
+                    "/usr/bin/python3",
+                    "-I",
+                    "-c",
+                    _FAKE_DAEMON,
+                    str(bound.fileno()),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd="/",
+                pass_fds=(bound.fileno(),),
+            )
         try:
             assert fake.stdout is not None and fake.stdout.readline() == "listening\n"
             o = call(
@@ -233,7 +282,51 @@ def test_an_oversized_request_is_left_to_the_shim(daemon, bindir, host_ns):
     assert " fallback (request of " in line and "over the 1048576 limit" in line
 
 
-def test_beyond_the_workers_requests_wait_then_get_try_again_later(start_daemon, bindir, host_ns, make_netns, tmp_path):
+def _raw_request(sock_path: str, ns_path: str, plugin_type: bytes) -> bytes:
+    """A shim's request for ``plugin_type`` (VERSION, from the namespace at ``ns_path``) and the answer."""
+    env, stdin = b"CNI_COMMAND=VERSION", b"{}"
+    head = struct.pack("<6s5I", b"PYCNI\x02", len(plugin_type), len(env), len(stdin), 0, 0)
+    fds = [os.open(ns_path, os.O_RDONLY | os.O_CLOEXEC), os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(sock_path)
+            with contextlib.suppress(OSError):  # a refused request is answered before it is all read
+                s.sendmsg(
+                    [head + plugin_type + env + stdin], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+                )
+            chunks = []
+            with contextlib.suppress(ConnectionResetError):  # what it left unread resets, after its answer
+                while chunk := s.recv(65536):
+                    chunks.append(chunk)
+            return b"".join(chunks)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_a_type_that_is_not_a_plugin_type_is_left_to_the_shim_and_logged_escaped(daemon, host_ns):
+    """A type with a newline cannot forge a log line, one of 256 KiB is not even read: both are
+    refused before any lookup, each with one log line."""
+    forged = b"bridge\n2026-12-04T00:00:00.000Z pycni serve: bridge ADD forged ok 1.0ms"
+    for kind in (forged, b"b" * (256 << 10), b"../../bin/sh"):
+        assert _raw_request(daemon.socket, host_ns.path, kind)[:1] == b"F"
+    lines = daemon.requests(3)
+    assert [line.split(" ", 3)[3].rsplit(" ", 1)[0] for line in lines] == [
+        "fallback ('bridge\\n2026-12-04T00:00:00.000Z pycni serve: bridge ADD forged ok 1.0ms' is not a plugin type)",
+        "fallback (a plugin type of 262144 bytes)",
+        "fallback (../../bin/sh is not a plugin type)",
+    ]
+    assert all(line.startswith("- - - fallback (") for line in lines), lines
+    assert not any(line.startswith("bridge ADD forged") for line in daemon.requests())
+
+
+def test_a_busy_daemon_has_the_shim_run_the_plugin_itself_unless_required(
+    start_daemon, bindir, host_ns, make_netns, tmp_path
+):
+    """With its one worker taken and its one queue place too, the daemon answers at once the
+    connection beyond the queue, and after ``--wait`` the one that waited: run it yourself, which
+    a default-mode shim does; under ``PYCNI_DAEMON=required`` both are error 11."""
     fp_log = tmp_path / "fp.log"
     daemon = start_daemon(
         "--workers",
@@ -242,41 +335,107 @@ def test_beyond_the_workers_requests_wait_then_get_try_again_later(start_daemon,
         "1",
         "--wait",
         "0.5",
-        env={"PYCNI_FAILPOINTS": "host-local.add.after-lease=sleep:4", "PYCNI_FAILPOINTS_LOG": str(fp_log)},
+        env={"PYCNI_FAILPOINTS": "host-local.add.after-lease=sleep:6", "PYCNI_FAILPOINTS_LOG": str(fp_log)},
     )
     ctr = make_netns("ctr").path
     slow = _spawn(bindir, "bridge", _env("ADD", ctr), _bridge(tmp_path), host_ns.path, daemon.socket)
     try:
         _wait_for(lambda: _reached(fp_log, "host-local.add.after-lease"), what="the slow ADD")
-        waiting = _spawn(bindir, "bridge", VERSION_ENV, {}, host_ns.path, daemon.socket)
-        time.sleep(0.2)  # likely accepted and waiting for the worker by now (either order is checked)
-        started = time.monotonic()
-        other = call(bindir, "bridge", VERSION_ENV, host=host_ns.path, socket_path=daemon.socket)
-        assert time.monotonic() - started < 0.5 + 2, "nobody waits longer than --wait"
-        out, _ = waiting.communicate(timeout=30)
-        answers = sorted([(waiting.returncode, json.loads(out)), (other.status, other.json())], key=str)
-        assert [(status, answer["code"]) for status, answer in answers] == [(1, 11), (1, 11)], answers
-        assert sorted(answer["msg"] for _, answer in answers) == [
-            "pycni serve is busy: 1 running, waited 0.5s",  # the one that waited its turn
-            "pycni serve is busy: too many requests waiting",  # the one beyond the queue, at once
-        ]
+        base = _handling(daemon)  # the slow ADD's and the socketpairs of pyroute2's event loop
+        for mode in ("default", "required"):
+            required = mode == "required"
+            extra = {"PYCNI_DAEMON": "required"} if required else {}
+            _wait_for(lambda: _handling(daemon) == base, what="the previous round's connections closed")
+            waiting = _spawn(bindir, "bridge", {**VERSION_ENV, **extra}, {}, host_ns.path, daemon.socket)
+            _wait_for(lambda: _handling(daemon) > base, what="the queued request")
+            started = time.monotonic()
+            beyond = call(
+                bindir,
+                "bridge",
+                VERSION_ENV,
+                host=host_ns.path,
+                socket_path=daemon.socket,
+                mode=extra.get("PYCNI_DAEMON"),
+            )
+            assert time.monotonic() - started < scaled(2), "the one beyond the queue is answered at once"
+            out, err = waiting.communicate(timeout=30)
+            if not required:
+                assert (waiting.returncode, beyond.status) == (0, 0), (out, err, beyond)
+                assert json.loads(out)["supportedVersions"] and beyond.json()["supportedVersions"]
+            else:
+                assert (waiting.returncode, json.loads(out or "{}").get("code")) == (1, 11), (out, err)
+                assert json.loads(out)["msg"] == "pycni serve is busy: 1 running, waited 0.5s"
+                assert (beyond.status, beyond.json()["code"]) == (1, 11), beyond
+                assert b"pycni serve is busy: 2 connections waiting or running" in beyond.stderr, beyond
         out, err = slow.communicate(timeout=60)
         assert slow.returncode == 0, (out, err)
     finally:
-        for proc in (slow,):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    # The daemon logs a request after answering it: wait for the slow ADD's line.
-    outcomes = [line.split(" ", 3)[3] for line in daemon.requests(2)]  # the waiting VERSION and the ADD
-    assert any(o.startswith("busy (error 11)") for o in outcomes), outcomes
-    assert any(o.startswith("ok") for o in outcomes), outcomes
-    assert "busy: 2 connections waiting or running" in daemon.log()
+        if slow.poll() is None:
+            slow.kill()
+            slow.wait()
+    outcomes = [line.split(" ", 3)[3].rsplit(" ", 1)[0] for line in daemon.requests(3)]
+    assert outcomes.count("fallback (pycni serve is busy: 1 running, waited 0.5s)") == 1, outcomes
+    assert outcomes.count("busy (error 11)") == 1, outcomes
+    assert "ok" in outcomes, outcomes
+    assert "busy: 2 connections waiting or running; told the caller to run the plugin itself" in daemon.log()
 
 
-def test_a_caller_killed_mid_add_leaves_the_daemon_holding_its_lock_until_done(
+def _handling(daemon: Daemon) -> int:
+    """Connected unix stream sockets the daemon process holds: its callers' connections, and
+    any socketpair a library made (its listener not counted)."""
+    pid = daemon.proc.pid
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:"):
+                inodes.add(target[8:-1])
+    with open(f"/proc/{pid}/net/unix") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return sum(1 for row in rows if row[6] in inodes and row[5] == "03")  # connected stream sockets
+
+
+def test_idle_connections_from_one_process_cannot_keep_the_daemon_busy(daemon, bindir, host_ns, make_netns):
+    """Far more idle connections than workers and queue together, from one process: beyond
+    ``per_peer`` they are refused at once, so a shim still gets a worker."""
+    idle = []
+    try:
+        for _ in range(80):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(daemon.socket)
+            idle.append(s)
+        o = call(
+            bindir,
+            "loopback",
+            _env("ADD", make_netns("ctr").path),
+            {"cniVersion": "1.0.0", "name": "lo", "type": "loopback"},
+            host=host_ns.path,
+            socket_path=daemon.socket,
+            mode="required",
+        )
+        assert o.status == 0, o
+        refused = sum(1 for s in idle if _answer(s) == b"F")
+        assert refused == 80 - 4, refused
+    finally:
+        for s in idle:
+            s.close()
+    assert "connections from pid" in daemon.log()
+
+
+def _answer(s: socket.socket) -> bytes:
+    s.settimeout(scaled(5))
+    try:
+        return s.recv(1)
+    except OSError:
+        return b""
+
+
+def test_an_add_whose_caller_was_killed_is_undone_while_the_daemon_holds_the_callers_lock(
     start_daemon, bindir, host_ns, make_netns, tmp_path
 ):
+    """A runtime that killed its plugin mid-ADD never learns the result to DEL it (libcni and
+    go-cni pass no lock fds): the daemon finishes the ADD, then DELs it, holding the caller's
+    lock until both are done, so nothing is left for anyone to clean up."""
     fp_log = tmp_path / "fp.log"
     daemon = start_daemon(
         env={"PYCNI_FAILPOINTS": "bridge.add.after-veth=sleep:2", "PYCNI_FAILPOINTS_LOG": str(fp_log)}
@@ -312,10 +471,170 @@ def test_a_caller_killed_mid_add_leaves_the_daemon_holding_its_lock_until_done(
             shim.wait()
     assert try_lock()
     (line,) = daemon.requests()
-    assert " ok, caller gone before the answer " in line, line
-    o = call(bindir, "bridge", _env("DEL", ctr), _bridge(tmp_path), host=host_ns.path, socket_path=daemon.socket)
-    assert o.status == 0, o
+    assert " ok, caller gone before the answer: undone by DEL " in line, line
     assert _veths(host_ns.path) == [] and not list((tmp_path / "ipam" / "robnet").glob("198.*"))
+    o = call(bindir, "bridge", _env("DEL", ctr), _bridge(tmp_path), host=host_ns.path, socket_path=daemon.socket)
+    assert o.status == 0, "the runtime's own recovering DEL still succeeds"
+
+
+def test_relative_paths_resolve_against_the_callers_working_directory(daemon, bindir, host_ns, make_netns, tmp_path):
+    """host-local with a relative ``dataDir``: an ADD through the daemon and one run by the shim
+    itself, from the same directory, share that directory's leases (no duplicate IP)."""
+    conf = dict(BRIDGE, ipam=dict(BRIDGE["ipam"], dataDir="rel-leases"))
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    ips = []
+    for i, mode in enumerate(("required", "off")):
+        o = call(
+            bindir,
+            "bridge",
+            _env("ADD", make_netns(f"ctr{i}").path, f"c{i}"),
+            conf,
+            host=host_ns.path,
+            socket_path=daemon.socket,
+            mode=mode,
+            cwd=caller,
+        )
+        assert o.status == 0, o
+        ips.append(o.json()["ips"][0]["address"])
+    assert ips[0] != ips[1], ips
+    assert sorted(p.name for p in (caller / "rel-leases" / "robnet").glob("198.*")) == sorted(
+        ip.split("/")[0] for ip in ips
+    )
+    assert [line.split(" ", 3)[3].rsplit(" ", 1)[0] for line in daemon.requests(1)] == ["ok"]
+
+
+_FD_FLOOD = """
+import array, os, socket, sys, time
+fds = array.array("i", [os.open("/dev/null", os.O_RDONLY) for _ in range(15)])
+held, end = [], time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(0.2)
+        s.connect(sys.argv[1])
+        s.sendmsg([b"P"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        held.append(s)
+    except OSError:
+        s.close()
+    if len(held) > 8:
+        held.pop(0).close()
+"""
+
+
+def test_a_flood_of_fds_neither_kills_nor_starves_the_daemon(start_daemon, bindir, host_ns, make_netns):
+    """Under a 64-fd limit, four processes keep sending one byte with 15 fds on connection
+    after connection: the daemon closes the fds it cannot use, survives running out of fds on
+    accept, and serves a shim once they stop."""
+    daemon = start_daemon(wrap=("prlimit", "--nofile=64:64", "--"))
+    flood = [subprocess.Popen([PYTHON, "-c", _FD_FLOOD, daemon.socket, str(scaled(3))], cwd="/") for _ in range(4)]
+    try:
+        for proc in flood:
+            assert proc.wait(timeout=60) == 0
+    finally:
+        for proc in flood:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert daemon.proc.poll() is None, daemon.log()
+    o = call(
+        bindir,
+        "loopback",
+        _env("ADD", make_netns("ctr").path),
+        {"cniVersion": "1.0.0", "name": "lo", "type": "loopback"},
+        host=host_ns.path,
+        socket_path=daemon.socket,
+        mode="required",
+    )
+    assert o.status == 0, (o, daemon.log()[-3000:])
+    assert "cannot accept: Too many open files" in daemon.log(), "the flood reached the limit"
+    assert "Traceback" not in daemon.log()
+
+
+def test_the_daemon_raises_its_soft_fd_limit_to_the_hard_one(start_daemon):
+    daemon = start_daemon(wrap=("prlimit", "--nofile=1024:4096", "--"))
+    with open(f"/proc/{daemon.proc.pid}/limits") as f:
+        (row,) = [line for line in f if line.startswith("Max open files")]
+    assert row.split()[3:5] == ["4096", "4096"], row
+
+
+@contextlib.contextmanager
+def _network_lock_held(tmp_path: Path) -> Iterator[Callable[[], None]]:
+    """host-local's lock of the robnet network, held as a stuck plugin elsewhere would, until
+    the release function it yields is called (or the block ends)."""
+    store = tmp_path / "ipam" / "robnet"
+    store.mkdir(parents=True)
+    fd = os.open(store / "lock", os.O_RDONLY | os.O_CREAT, 0o750)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield lambda: fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _adds_blocked_on_the_lock(
+    bindir, host_ns, make_netns, daemon: Daemon, tmp_path: Path, n: int
+) -> Iterator[list[subprocess.Popen]]:
+    """``n`` bridge ADDs through the daemon, each past its veth and waiting for the IPAM lock."""
+    conf = _bridge(tmp_path)
+    shims = [
+        _spawn(bindir, "bridge", _env("ADD", make_netns(f"ctr{i}").path, f"c{i}"), conf, host_ns.path, daemon.socket)
+        for i in range(n)
+    ]
+    try:
+        _wait_for(lambda: len(_veths(host_ns.path)) == n, what=f"{n} ADDs to block on the lock")
+        yield shims
+    finally:
+        for shim in shims:
+            if shim.poll() is None:
+                shim.kill()
+            shim.wait()
+
+
+def test_adds_killed_while_waiting_for_a_lock_give_up_and_leave_nothing(daemon, bindir, host_ns, make_netns, tmp_path):
+    """As a runtime's timeout kills its plugins: the daemon's ADDs stop waiting for the lock at
+    once, undo their veths, and take no lease when the lock is free again."""
+    with _network_lock_held(tmp_path):
+        with _adds_blocked_on_the_lock(bindir, host_ns, make_netns, daemon, tmp_path, 4) as shims:
+            time.sleep(scaled(0.5))
+            for shim in shims:
+                shim.kill()
+        lines = daemon.requests(4)
+        assert len(lines) == 4, "they gave up while the lock was still held"
+        assert _veths(host_ns.path) == []
+    time.sleep(scaled(0.5))
+    assert not list((tmp_path / "ipam" / "robnet").glob("198.*")), "no lease taken once the lock was free"
+    assert all(" error (code 11), caller gone before the answer " in line for line in lines), lines
+
+
+def test_requests_blocked_on_one_networks_lock_leave_the_workers_to_other_networks(
+    start_daemon, bindir, host_ns, make_netns, tmp_path
+):
+    """Twice as many ADDs as workers wait for one network's lock; a loopback ADD is served at
+    once, and the blocked ones complete when the lock is free."""
+    daemon = start_daemon("--workers", "2")
+    with (
+        _network_lock_held(tmp_path) as release,
+        _adds_blocked_on_the_lock(bindir, host_ns, make_netns, daemon, tmp_path, 4) as shims,
+    ):
+        started = time.monotonic()
+        o = call(
+            bindir,
+            "loopback",
+            _env("ADD", make_netns("other").path),
+            {"cniVersion": "1.0.0", "name": "lo", "type": "loopback"},
+            host=host_ns.path,
+            socket_path=daemon.socket,
+            mode="required",
+        )
+        assert o.status == 0, o
+        assert time.monotonic() - started < scaled(3)
+        assert all(shim.poll() is None for shim in shims), "still waiting for the lock"
+        release()
+        for shim in shims:
+            out, err = shim.communicate(timeout=60)
+            assert shim.returncode == 0 and json.loads(out)["ips"], (out, err)
 
 
 def test_sigterm_lets_the_running_request_finish_and_stops_accepting(
@@ -371,6 +690,42 @@ def test_serves_the_socket_systemd_passes(host_ns, bindir, sock_dir, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("passed", "error"),
+    [
+        ("a regular file", "fd 3, which systemd passed, is not a socket: Socket operation on non-socket"),
+        ("an unbound unix stream socket", "the socket systemd passed is not listening"),
+        ("a bound unix socket not listening", "the socket systemd passed is not listening"),
+        ("a UDP socket", "the socket systemd passed is not a unix stream socket"),
+    ],
+)
+def test_a_systemd_fd_that_is_not_a_listening_unix_socket_is_a_one_line_error(
+    host_ns, sock_dir, tmp_path, passed, error
+):
+    if passed == "a regular file":
+        fd = os.open(tmp_path / "file", os.O_RDWR | os.O_CREAT, 0o600)
+    elif passed == "a UDP socket":
+        fd = socket.socket(socket.AF_INET, socket.SOCK_DGRAM).detach()
+    else:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        if passed == "a bound unix socket not listening":
+            s.bind(os.path.join(sock_dir, "bound.sock"))
+        fd = s.detach()
+    script = f'exec 3<&0 </dev/null; LISTEN_PID=$$ LISTEN_FDS=1 exec nsenter --net={host_ns.path} "$@"'
+    try:
+        p = subprocess.run(
+            ["sh", "-c", script, "sh", PYTHON, "-m", "pycni.cli", "serve", "--socket", "/nonexistent/ignored.sock"],
+            stdin=fd,
+            capture_output=True,
+            timeout=60,
+        )
+    finally:
+        os.close(fd)
+    assert (p.returncode, p.stdout) == (1, b""), p
+    (line,) = p.stderr.decode().splitlines()
+    assert line.endswith(error), line
 
 
 def test_the_shim_imports_only_c_modules_before_it_sends(daemon, bindir, host_ns):

@@ -113,3 +113,46 @@ def test_the_mode_is_exact_whatever_the_umask(tmp_path: Path, dir_fd: int) -> No
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "shim").stat().st_mode) == 0o755
+
+
+@pytest.mark.privileged
+@pytest.mark.parametrize(
+    ("layout", "why"),
+    [
+        ("0755 dirs of ours under /tmp", None),
+        ("nested sticky 1777 dirs", None),
+        ("a 0777 ancestor", "{a} is writable by group or others (mode 0777)"),
+        ("an ancestor owned by nobody", "{a} is owned by uid 65534, neither root nor 0"),
+        ("a group-writable target", "{t} is writable by group or others (mode 0775)"),
+        ("a sticky target", "{t} is writable by group or others (mode 1777)"),
+        ("a symlink to a weak dir", "{a} is writable by group or others (mode 0777)"),
+    ],
+)
+def test_unsafe_ancestor_judges_every_directory_up_to_the_root_as_sshd_does(
+    tmp_path: Path, layout: str, why: str | None
+) -> None:
+    a, t = tmp_path / "a", tmp_path / "a" / "b" / "target"
+    t.mkdir(parents=True)
+    for d in (tmp_path, a, a / "b", t):
+        os.chmod(d, 0o755)
+    if layout == "nested sticky 1777 dirs":
+        os.chmod(tmp_path, 0o1777)
+        os.chmod(a, 0o1777)
+    elif layout == "a 0777 ancestor":
+        os.chmod(a, 0o777)
+    elif layout == "an ancestor owned by nobody":
+        os.chown(a, 65534, 65534)
+    elif layout == "a group-writable target":
+        os.chmod(t, 0o775)
+    elif layout == "a sticky target":
+        os.chmod(t, 0o1777)
+    elif layout == "a symlink to a weak dir":
+        os.chmod(a, 0o777)
+        (tmp_path / "link").symlink_to(a / "b")
+        t = tmp_path / "link" / "target"
+    try:
+        assert _fs.unsafe_ancestor(str(t)) == (why and why.format(a=a, t=t))
+        below = None if layout == "a sticky target" else why  # sticky: what we make in it stays ours
+        assert _fs.unsafe_ancestor(str(t / "not-yet" / "made")) == (below and below.format(a=a, t=t))
+    finally:
+        os.chmod(tmp_path, 0o700)

@@ -49,3 +49,23 @@ def test_installed_plugins_never_import_from_the_installers_cwd_or_pythonpath(tm
     script = (bindir / "loopback").read_text()
     assert str(cwd) not in script and str(extra) not in script
     assert script.startswith(f"#!{sys.executable} -IS\n")
+
+
+@pytest.mark.privileged
+def test_install_refuses_a_directory_another_user_could_write_unless_forced(tmp_path: Path) -> None:
+    """Root runs what is installed: a 0777 directory owned by nobody would let nobody swap the
+    ``bridge`` plugin, so the installer refuses, and with ``--force`` warns and installs."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    os.chown(bindir, 65534, 65534)
+    os.chmod(bindir, 0o777)
+    argv = [sys.executable, "-m", "pycni.cli", "plugins", "install", str(bindir), "--type", "loopback"]
+    refused = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1, refused
+    assert f"another user could replace the plugins installed in {bindir}: {bindir} is owned by uid 65534" in (
+        refused.stderr
+    )
+    assert os.listdir(bindir) == []
+    forced = subprocess.run([*argv, "--force"], capture_output=True, text=True, timeout=60)
+    assert forced.returncode == 0 and forced.stdout.split() == [str(bindir / "loopback")], forced
+    assert forced.stderr.startswith("warning: another user could replace the plugins installed in "), forced
