@@ -7,9 +7,13 @@ is removed after the example, whatever happened. A chained plugin (portmap, fire
 its ``prevResult`` made real first: a veth pair between the two namespaces carrying the
 result's addresses and routes, as an interface plugin would have left it.
 
-An example is a valid config for the type (with capability args, ``CNI_ARGS`` and, for chained
-types, a prevResult of the config's version), a mutation of one, hostile stdin bytes, or a
-hostile ``CNI_*`` environment. The contract checked, per example:
+The first examples are the type's canonical ones, what real users run: the simplest valid
+config at each version the plugin lists (newest first), with IPv4-only, IPv6-only and
+dual-stack addresses (its IPAM ranges, or a chained type's prevResult) and every capability it
+declares asked for (portmap: one mapping). The rest are drawn: a valid config for the type
+(with capability args, ``CNI_ARGS`` and, for chained types, a prevResult of the config's
+version), a mutation of one, hostile stdin bytes, or a hostile ``CNI_*`` environment. The
+contract checked, per example:
 
 * every call exits 0 with output that parses as a result of the config's version (ADD), or
   non-zero with a well-formed error (``code``, ``msg``) on stdout; it is not killed by a
@@ -21,8 +25,9 @@ hostile ``CNI_*`` environment. The contract checked, per example:
   design, excepted), no address or route of its IPs, no nft/iptables rule naming its container
   ID or IPs, no file in its data dir named after its IPs or holding its container ID.
 
-A violation is shrunk by hypothesis to a minimal example and reported with the exact stdin,
-environment and command line of every call (:class:`Step`).
+A violation of a drawn example is shrunk by hypothesis to a minimal example (a canonical one is
+minimal already) and reported with the exact stdin, environment and command line of every call
+(:class:`Step`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -75,7 +81,7 @@ MAX_OUTPUT = 1024 * 1024
 V4_POOL = ipaddress.IPv4Network("198.18.0.0/15")
 V6_POOL = ipaddress.IPv6Network("fd00:18::/48")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # plugins find iptables on it
-KINDS = ("valid", "mutated", "hostile-bytes", "hostile-env")
+KINDS = ("canonical", "valid", "mutated", "hostile-bytes", "hostile-env")
 # Mostly valid examples (the contract past ADD needs them); shrinking moves towards "valid".
 _KIND_WEIGHTS = ("valid",) * 5 + ("mutated",) * 3 + ("hostile-env",) * 2 + ("hostile-bytes",)
 
@@ -337,19 +343,38 @@ class _World:
     v6: ipaddress.IPv6Network
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Stop signals wait until the block ends, so a world is made and removed whole (a signal
+    between making a namespace and registering its removal would leak it)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 @contextlib.contextmanager
 def _world(index: int) -> Iterator[_World]:
     """A host and a container namespace and a data dir, removed afterwards whatever happens."""
     prefix = f"pycni-fuzz-{os.getpid()}"
-    with contextlib.ExitStack() as stack:
-        host = stack.enter_context(netns.Throwaway(prefix))
-        container = stack.enter_context(netns.Throwaway(prefix))
-        netns.run_in(host.path, _host_link)
-        data_dir = tempfile.mkdtemp(prefix=f"{prefix}-")
-        stack.callback(shutil.rmtree, data_dir, True)
+    stack = contextlib.ExitStack()
+    try:
+        with _signals_held():
+            host = stack.enter_context(netns.Throwaway(prefix))
+            container = stack.enter_context(netns.Throwaway(prefix))
+            netns.run_in(host.path, _host_link)
+            data_dir = tempfile.mkdtemp(prefix=f"{prefix}-")
+            stack.callback(shutil.rmtree, data_dir, True)
         v4 = list(V4_POOL.subnets(new_prefix=24))[index % 512]
         v6 = ipaddress.IPv6Network((int(V6_POOL.network_address) + (index % 65536) * 2**64, 64))
         yield _World(host.path, container.path, data_dir, v4, v6)
+    finally:
+        with _signals_held():
+            stack.close()
 
 
 @attrs.frozen
@@ -377,24 +402,38 @@ def _pin_data_dirs(config: Any, world: _World) -> Any:
     return config
 
 
-def _examples(options: Options, world: _World) -> st.SearchStrategy[_Example]:
-    within: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = [world.v4, world.v6]
+def _examples(
+    options: Options,
+    world: _World,
+    *,
+    kinds: Sequence[str] = _KIND_WEIGHTS,
+    versions: Sequence[str] | None = None,
+    families: Sequence[int] = (),
+) -> st.SearchStrategy[_Example]:
+    """Examples at one of ``versions`` (default: the plugin's), of one of ``kinds``; addresses of
+    one family or both, or (``families``) of exactly those."""
+    within = [world.v4 if f == 4 else world.v6 for f in families or (4, 6)]
+    every = bool(families)
     t = options.plugin_type
     chained = t in CHAINED_TYPES
 
     @st.composite
     def build(draw: st.DrawFn) -> _Example:
-        kind = draw(st.sampled_from(_KIND_WEIGHTS))
-        version = draw(st.sampled_from(options.versions))
+        kind = draw(st.sampled_from(kinds))
+        version = draw(st.sampled_from(versions or options.versions))
         ifname = draw(st.just("eth0") | strategies.ifnames.filter(lambda n: n != "lo"))
         # A distinctive prefix, so that finding the ID in a rule or file after DEL means it (a
         # shrunk ID "0" would be found in every counter).
         cid = "fuzz" + draw(strategies.container_ids)
-        config = draw(strategies.network_configs(t, version=version, within=within, data_dir="pinned"))
+        config = draw(
+            strategies.network_configs(t, version=version, within=within, data_dir="pinned", every_family=every)
+        )
         attachment = None
         if chained:
             attachment = draw(
-                strategies.attachment_results(version, ifname=ifname, sandbox=world.container, within=within)
+                strategies.attachment_results(
+                    version, ifname=ifname, sandbox=world.container, within=within, every_family=every
+                )
             )
             config["prevResult"] = attachment.to_json()
         caps = CAPABILITIES.get(t, ())
@@ -429,6 +468,54 @@ def _examples(options: Options, world: _World) -> st.SearchStrategy[_Example]:
         return _Example(kind, declared, config, stdin, env, attachment, ifname)
 
     return build()
+
+
+def _families(example: _Example) -> set[int]:
+    """The IP families an example's attachment or IPAM ranges have."""
+    if example.attachment is not None:
+        return {address.version for address, _ in _addresses(example.attachment)}
+    ipam = example.config.get("ipam") if isinstance(example.config, dict) else None
+    if not isinstance(ipam, dict):
+        return set()
+    subnets = [r["subnet"] for rs in ipam.get("ranges", []) for r in rs if "subnet" in r]
+    subnets += [a["address"] for a in ipam.get("addresses", []) if "address" in a]  # static's
+    return {ipaddress.ip_interface(s).version for s in subnets}
+
+
+#: The capability args of a canonical example: what a runtime passes for one container.
+_CANONICAL_ARGS: dict[str, Any] = {
+    "portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}],
+    "bandwidth": {"ingressRate": 10**6, "ingressBurst": 10**5, "egressRate": 10**6, "egressBurst": 10**5},
+}
+
+
+def _canonical(options: Options, world: _World, version: str, families: tuple[int, ...]) -> _Example | None:
+    """The simplest valid example at ``version`` with addresses of exactly ``families`` (none:
+    as the type has them, for a type that takes none), every capability the type declares
+    asked for; None if the type has no such example."""
+    from random import Random
+
+    from hypothesis import find
+    from hypothesis.errors import NoSuchExample
+
+    strategy = _examples(options, world, kinds=("valid",), versions=(version,), families=families)
+    try:
+        example = find(
+            strategy,
+            lambda e: _families(e) == set(families),
+            # Generation starts from the simplest example: nothing to shrink.
+            settings=settings(
+                database=None, max_examples=10, phases=[Phase.generate], suppress_health_check=list(HealthCheck)
+            ),
+            random=Random(0),
+        )
+    except NoSuchExample:
+        return None
+    config = example.config
+    caps = CAPABILITIES.get(options.plugin_type, ())
+    if caps:
+        config = {**config, "runtimeConfig": {c: _CANONICAL_ARGS[c] for c in caps}}
+    return attrs.evolve(example, kind="canonical", config=config, stdin=json.dumps(config).encode())
 
 
 def _with_prev_result(example: _Example, result: bytes) -> bytes:
@@ -510,15 +597,63 @@ def _version_ok(version: str, gate: Callable[[str], bool]) -> bool:
 
 
 def fuzz(options: Options, progress: Callable[[Report, bool], None] | None = None) -> Report:
-    """Run ``options.examples`` examples; every distinct kind of violation found is shrunk and
-    kept in the report (with the calls of its minimal example)."""
+    """Run ``options.examples`` examples, the canonical ones (:func:`_run_canonical`) first;
+    every distinct kind of violation found is kept in the report (with the calls of its
+    minimal example: a random one is shrunk)."""
     report = Report(options)
     started = time.monotonic()
-    shrinking = [False]
     counter = [0]
+    _run_canonical(options, report, counter, progress)
+    canonical = {v.check for v in report.violations}
+    if report.examples < options.examples:
+        _run_random(options, report, counter, progress, canonical)
+    report.seconds = time.monotonic() - started
+    report.violations.sort(key=lambda v: list(CHECKS).index(v.check))
+    return report
+
+
+def _run_canonical(
+    options: Options, report: Report, counter: list[int], progress: Callable[[Report, bool], None] | None
+) -> None:
+    """The canonical examples, within the examples asked for: at every version the plugin
+    lists, newest first, IPv4-only, IPv6-only and dual-stack (one for a type that takes no
+    addresses). A violation is kept as found: it is as simple as its kind gets."""
+    for version in reversed(options.versions):  # newest first: what most users run
+        for families in ((4,), (6,), (4, 6)):
+            if report.examples >= options.examples:
+                return
+            counter[0] += 1
+            with _world(counter[0]) as world:
+                example = _canonical(options, world, version, families)
+                if example is None:  # the type takes no addresses: its one canonical example
+                    example = _canonical(options, world, version, ())
+                if example is None:
+                    break
+                steps, found = _run_example(options, world, example)
+                setup = _setup_text(world, example)
+            report.record(example.kind, steps, False)
+            if progress is not None:
+                progress(report, False)
+            if found is not None and found[0] not in {v.check for v in report.violations}:
+                check, message = found
+                report.violations.append(_VIOLATIONS[check](message, steps, setup, example.kind))
+            if not _families(example):
+                break
+
+
+def _run_random(
+    options: Options,
+    report: Report,
+    counter: list[int],
+    progress: Callable[[Report, bool], None] | None,
+    known: set[str],
+) -> None:
+    """The rest of the examples, drawn by hypothesis; each kind of violation not in ``known`` is
+    shrunk and kept."""
+    shrinking = [False]
 
     @settings(
-        max_examples=options.examples,
+        max_examples=options.examples - report.examples,
         database=None,
         deadline=None,
         report_multiple_bugs=True,
@@ -535,25 +670,24 @@ def fuzz(options: Options, progress: Callable[[Report, bool], None] | None = Non
         report.record(example.kind, steps, shrinking[0])
         if progress is not None:
             progress(report, shrinking[0])
-        if found is not None:
+        if found is not None and found[0] not in known:
             shrinking[0] = True  # hypothesis shrinks from its first failure on
             check, message = found
             raise _VIOLATIONS[check](message, steps, _setup_text(world, example), example.kind)
 
     if options.seed is not None:
         one = hypothesis_seed(options.seed)(one)
+    drawn: list[Violation] = []
     try:
         one()
     except Violation as v:
-        report.violations.append(v)
+        drawn.append(v)
     except BaseExceptionGroup as group:
         violations, rest = group.split(Violation)
         if rest is not None:
             raise rest from None
-        report.violations.extend(_flatten(violations))
-    report.seconds = time.monotonic() - started
-    report.violations.sort(key=lambda v: list(CHECKS).index(v.check))
-    return report
+        drawn.extend(_flatten(violations))
+    report.violations.extend(v for v in drawn if v.check not in known)
 
 
 def _flatten(group: BaseExceptionGroup[Violation] | None) -> list[Violation]:

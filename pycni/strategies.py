@@ -438,18 +438,23 @@ def _ranges(nets: Sequence[IPv4Network | IPv6Network]) -> st.SearchStrategy[list
     return st.tuples(*(one(n) for n in nets)).map(lambda items: [[item] for item in items])
 
 
-def _family_nets(within: Sequence[IPv4Network | IPv6Network]) -> st.SearchStrategy[list[Any]]:
-    """One subnet per family: IPv4, IPv6 or both (IPv4 more often, as on most hosts)."""
+def _family_nets(within: Sequence[IPv4Network | IPv6Network], every: bool = False) -> st.SearchStrategy[list[Any]]:
+    """One subnet per family: IPv4, IPv6 or both (IPv4 more often, as on most hosts); ``every``:
+    one of each family ``within`` has."""
     v4 = any(p.version == 4 for p in within)
     v6 = any(p.version == 6 for p in within)
+    if every:
+        return st.tuples(*(subnets(within, family=f) for f, ok in ((4, v4), (6, v6)) if ok)).map(list)
     choices = [f for f, ok in ((4, v4), (4, v4), (6, v6), (46, v4 and v6)) if ok]
     return st.sampled_from(choices).flatmap(
         lambda f: st.tuples(*(subnets(within, family=int(c)) for c in str(f))).map(list)
     )
 
 
-def _host_local(within: Sequence[IPv4Network | IPv6Network], data_dir: str | None) -> st.SearchStrategy[dict[str, Any]]:
-    return _family_nets(within).flatmap(
+def _host_local(
+    within: Sequence[IPv4Network | IPv6Network], data_dir: str | None, every: bool = False
+) -> st.SearchStrategy[dict[str, Any]]:
+    return _family_nets(within, every).flatmap(
         lambda nets: st.fixed_dictionaries(
             {"type": st.just("host-local"), "ranges": _ranges(nets)},
             optional={
@@ -459,7 +464,7 @@ def _host_local(within: Sequence[IPv4Network | IPv6Network], data_dir: str | Non
     )
 
 
-def _static(within: Sequence[IPv4Network | IPv6Network]) -> st.SearchStrategy[dict[str, Any]]:
+def _static(within: Sequence[IPv4Network | IPv6Network], every: bool = False) -> st.SearchStrategy[dict[str, Any]]:
     """static IPAM: a host address (with its subnet's first as gateway, or none) per family."""
 
     def entry(net: IPv4Network | IPv6Network) -> st.SearchStrategy[dict[str, Any]]:
@@ -472,7 +477,7 @@ def _static(within: Sequence[IPv4Network | IPv6Network]) -> st.SearchStrategy[di
             st.booleans(),
         )
 
-    return _family_nets(within).flatmap(
+    return _family_nets(within, every).flatmap(
         lambda nets: st.fixed_dictionaries(
             {"type": st.just("static"), "addresses": st.tuples(*(entry(n) for n in nets)).map(list)},
             optional={"routes": st.just([{"dst": "0.0.0.0/0" if n.version == 4 else "::/0"} for n in nets])},
@@ -481,14 +486,14 @@ def _static(within: Sequence[IPv4Network | IPv6Network]) -> st.SearchStrategy[di
 
 
 def _options(
-    plugin_type: str, within: Sequence[Any], data_dir: str | None, host_link: str = HOST_LINK
+    plugin_type: str, within: Sequence[Any], data_dir: str | None, host_link: str = HOST_LINK, every: bool = False
 ) -> st.SearchStrategy[dict[str, Any]]:
     """The type's own members, valid for it."""
-    ipam = _host_local(within, data_dir)
+    ipam = _host_local(within, data_dir, every)
     mtu = st.sampled_from([1280, 1400, 1500, 9000])
     small_mtu = st.sampled_from([1280, 1400, 1500])  # at most the master's
     if plugin_type == "static":
-        return _static(within).map(lambda i: {"ipam": i})
+        return _static(within, every).map(lambda i: {"ipam": i})
     if plugin_type == "macvlan":
         return st.fixed_dictionaries(
             {"master": st.just(host_link), "ipam": ipam},
@@ -559,12 +564,14 @@ def network_configs(
     data_dir: str | None = None,
     prev_result: bool = False,
     host_link: str = HOST_LINK,
+    every_family: bool = False,
 ) -> st.SearchStrategy[dict[str, Any]]:
     """Network configs (decoded JSON, a single ``.conf``) for ``plugin_type`` (any of
     :data:`PLUGIN_TYPES` when ``None``), valid for that type, at ``version`` (any of
     :data:`VERSIONS` that the type's result can be expressed in when ``None``). ``prev_result``
     adds a plausible ``prevResult`` (see :func:`attachment_results`) of the same version;
-    ``host_link`` is the master of macvlan, ipvlan and vlan and host-device's device."""
+    ``host_link`` is the master of macvlan, ipvlan and vlan and host-device's device. Addresses
+    (IPAM ranges) are of one family of ``within`` or both; ``every_family``: of each it has."""
     types = st.sampled_from(PLUGIN_TYPES) if plugin_type is None else st.just(plugin_type)
     versions = st.sampled_from(VERSIONS) if version is None else st.just(version)
 
@@ -572,9 +579,9 @@ def network_configs(
     def build(draw: st.DrawFn) -> dict[str, Any]:
         t, v = draw(types), draw(versions)
         conf: dict[str, Any] = {"cniVersion": v, "name": name or draw(names), "type": t}
-        conf |= draw(_options(t, within, data_dir, host_link))
+        conf |= draw(_options(t, within, data_dir, host_link, every_family))
         if prev_result:
-            conf["prevResult"] = draw(attachment_results(v, within=within)).to_json()
+            conf["prevResult"] = draw(attachment_results(v, within=within, every_family=every_family)).to_json()
         return conf
 
     return build()
@@ -617,11 +624,13 @@ def attachment_results(
     ifname: str = "eth0",
     sandbox: str = "/run/netns/ctr",
     within: Sequence[IPv4Network | IPv6Network] = TEST_SUBNETS,
+    every_family: bool = False,
 ) -> Result | Result040 | Result020:
     """A result as an interface plugin leaves it for the next in a chain (a ``prevResult``): a
-    host veth and ``ifname`` in ``sandbox``, an address per family on it, a gateway, default routes."""
+    host veth and ``ifname`` in ``sandbox``, an address per family on it (one family of
+    ``within`` or both; ``every_family``: each it has), a gateway, default routes."""
     v = draw(st.sampled_from(VERSIONS)) if version is None else version
-    nets = draw(_family_nets(within))
+    nets = draw(_family_nets(within, every_family))
     configs = []
     for net in nets:
         host = net[draw(st.integers(2, 250))]

@@ -5,9 +5,12 @@ hypothesis and pyroute2 are imported only when the command runs, so ``pycni --he
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -73,7 +76,8 @@ def fuzz(
         timeout=timeout,
         versions=engine.probe_versions(plugin, timeout),
     )
-    report = engine.fuzz(options, _Progress(examples) if sys.stderr.isatty() else None)
+    with _stopped_cleanly_by(signal.SIGTERM, signal.SIGHUP):
+        report = engine.fuzz(options, _Progress(examples) if sys.stderr.isatty() else None)
     if sys.stderr.isatty():
         click.echo("", err=True)
     for violation in report.violations:
@@ -84,6 +88,34 @@ def fuzz(
             json.dump(report.to_json(), f, indent=1)
             f.write("\n")
     sys.exit(1 if report.violations else 0)
+
+
+@contextlib.contextmanager
+def _stopped_cleanly_by(*signals: signal.Signals) -> Iterator[None]:
+    """Each of ``signals`` (a CI timeout's SIGTERM, a closed terminal's SIGHUP) unwinds the run
+    as Ctrl-C does, so every namespace, temp dir and plugin process it made is removed; then the
+    process dies of that signal, as its sender expects. Further signals are ignored meanwhile."""
+    caught: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        for s in signals:
+            signal.signal(s, signal.SIG_IGN)
+        caught.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in signals}
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not caught:
+            raise
+        click.echo(f"pycni fuzz: stopped by {signal.Signals(caught[0]).name}; cleaned up", err=True)
+        signal.signal(caught[0], signal.SIG_DFL)
+        os.kill(os.getpid(), caught[0])
+        raise  # not reached: the signal's default action ends the process
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 class _Progress:

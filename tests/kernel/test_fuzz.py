@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,19 +57,23 @@ def _checks(doc: dict) -> list[str]:
 
 
 @pytest.mark.reference
-def test_catches_the_reference_portmap_check_on_an_ipv4_only_attachment(workdir):
+def test_catches_the_reference_portmap_check_on_an_ipv4_only_attachment_first(workdir):
+    """portmap 1.1.1's CHECK fails on every IPv4-only attachment with a port mapping: the first
+    canonical example (newest version, IPv4-only, one mapping) finds it, whatever the seed."""
     proc, doc = _fuzz(
-        workdir, f"{REFERENCE_PLUGIN_DIR}/portmap", "--commands", "ADD,CHECK", "--examples", "25", "--seed", "4"
+        workdir, f"{REFERENCE_PLUGIN_DIR}/portmap", "--commands", "ADD,CHECK,DEL", "--examples", "3", "--seed", "1"
     )
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert _checks(doc) == ["check-after-add"]
+    assert doc["example_kinds"] == {"canonical": 3}
     violation = doc["violations"][0]
+    assert violation["example_kind"] == "canonical"
     add, check = violation["steps"]
     assert "could not check ipv6 dnat" in check["stdout"]
-    stdin = json.loads(add["stdin"])  # shrunk: one IPv4 address, one mapping
-    prev = stdin["prevResult"]
-    assert [ip["address"].count(".") for ip in prev["ips"]] == [3]
-    assert len(stdin["runtimeConfig"]["portMappings"]) == 1
+    stdin = json.loads(add["stdin"])
+    assert stdin["cniVersion"] == doc["versions"][-1]
+    assert [ip["address"].count(".") for ip in stdin["prevResult"]["ips"]] == [3]
+    assert stdin["runtimeConfig"]["portMappings"] == [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}]
     assert check["shell"].startswith("printf '") and check["shell"].endswith(f"{REFERENCE_PLUGIN_DIR}/portmap")
     assert "CNI_COMMAND=CHECK" in check["shell"] and "CNI_NETNS=/run/netns/pycni-fuzz-" in check["shell"]
     assert "check-after-add: CHECK after a successful ADD failed" in proc.stdout
@@ -79,12 +84,42 @@ def test_pycni_loopback_keeps_the_contract(workdir, tmp_path):
     from pycni_plugins.install import install
 
     (plugin,) = install(str(tmp_path / "bin"), ["loopback"])
-    proc, doc = _fuzz(workdir, plugin, "--examples", "6", "--seed", "1")
+    proc, doc = _fuzz(workdir, plugin, "--examples", "9", "--seed", "1")
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert doc["violations"] == [] and doc["examples"] == 6
+    assert doc["violations"] == [] and doc["examples"] == 9
     assert doc["versions"] == ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
-    assert sum(doc["outcomes"]["ADD"].values()) == 6
+    assert doc["example_kinds"]["canonical"] == 7, "one per version: loopback takes no addresses"
+    assert sum(doc["outcomes"]["ADD"].values()) == 9
     assert "no contract violation found" in proc.stdout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_run_stopped_by_a_signal_leaves_nothing_behind(workdir, tmp_path, signum):
+    """As a CI timeout (SIGTERM), a closed terminal (SIGHUP) or Ctrl-C stops it mid-example: the
+    example's namespaces and temp dir are removed, then it dies of that signal (Ctrl-C: exit 1)."""
+    from pycni_plugins.install import install
+
+    (plugin,) = install(str(tmp_path / "bin"), ["loopback"])
+    argv = [sys.executable, "-m", "pycni.cli", "fuzz", plugin, "--examples", "100000", "--seed", "1"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            deadline = time.monotonic() + 60
+            while not _of(child.pid):  # an example is running: its namespaces exist
+                assert child.poll() is None and time.monotonic() < deadline, child.communicate()
+                time.sleep(0.005)
+            child.send_signal(signum)
+            _, stderr = child.communicate(timeout=60)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert not _of(child.pid), _of(child.pid)
+    if signum == signal.SIGINT:
+        assert child.returncode == 1, stderr
+    else:
+        assert child.returncode == -signum, stderr
+        assert f"pycni fuzz: stopped by {signum.name}; cleaned up" in stderr
 
 
 # --- plugins that break one rule each (sh scripts: fast, and exact) ------------------------------------
