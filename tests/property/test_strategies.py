@@ -67,6 +67,25 @@ def test_conflists_parse_with_every_plugin_kept(doc):
 
 
 @SETTINGS
+@given(st.data())
+def test_every_family_gives_addresses_of_each_family_within_has(data):
+    within = data.draw(st.sampled_from([TEST_NETS[:1], TEST_NETS[1:], TEST_NETS]))
+    wanted = {n.version for n in within}
+    plugin_type = data.draw(st.sampled_from(["bridge", "ptp", "macvlan", "static"]))
+    conf = data.draw(cs.network_configs(plugin_type, within=within, every_family=True))
+    ipam = conf["ipam"]
+    found = [r["subnet"] for rs in ipam.get("ranges", []) for r in rs] + [
+        a["address"] for a in ipam.get("addresses", [])
+    ]
+    assert sorted(ipaddress.ip_interface(a).version for a in found) == sorted(wanted)
+    result = data.draw(cs.attachment_results(within=within, every_family=True))
+    addresses = (
+        [c.ip for c in (result.ip4, result.ip6) if c] if hasattr(result, "ip4") else [i.address for i in result.ips]
+    )
+    assert sorted(a.version for a in addresses) == sorted(wanted)
+
+
+@SETTINGS
 @given(cs.hostile_bytes(cs.results().map(lambda r: r.to_json())))
 def test_hostile_bytes_of_results_are_rejected_or_parse_to_a_result(data):
     assert isinstance(data, bytes)
