@@ -16,6 +16,9 @@ v1.5.x (reverted in v1.6.0), so the latest release and pycni have none.
 
 Where pycni differs, on purpose:
 
+* the container interface's veth peer must be in the namespace the plugin runs in (its
+  IFLA_LINK_NETNSID names that namespace): an ifindex names a link only in its own namespace,
+  and upstream shapes whatever host link has the index of a peer that lives elsewhere;
 * rates below 8 bit/s, bursts below 8 bits, rates of 2**32 bytes/s (34 Gbit/s) and more, and
   bursts whose bucket does not fit the kernel's 32-bit tick and byte fields are refused before
   anything changes (upstream sends truncated values, or a 64-bit rate);
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -131,23 +135,32 @@ def ifb_name(network: str, container_id: str) -> str:
     return ("bwp" + hashlib.sha512((network + container_id).encode()).hexdigest())[:15]
 
 
-def _peer_index(ifname: str) -> int:
+def _peer_index(ifname: str, host_ns: int) -> int:
+    """The index of ``ifname``'s veth peer, which must be in namespace ``host_ns``: an index
+    names a link only in the namespace the peer is in (IFLA_LINK_NETNSID), and the host's
+    link of that index is then someone else's."""
     with links.iproute() as ipr:
         link = links.get_link(ipr, ifname)
-    if link is None:
-        raise fail(f"container interface {ifname} has no veth peer: Link not found")
-    if link.kind != "veth" or link.peer_index <= 0:
-        raise fail(f"container interface {ifname} has no veth peer: interface {ifname} is not a veth")
+        if link is None:
+            raise fail(f"container interface {ifname} has no veth peer: Link not found")
+        if link.kind != "veth" or link.peer_index <= 0:
+            raise fail(f"container interface {ifname} has no veth peer: interface {ifname} is not a veth")
+        # Read after the link: reporting a peer elsewhere is what assigns that namespace an id.
+        if link.peer_netnsid is None or link.peer_netnsid != links.netnsid(ipr, host_ns):
+            raise fail(f"veth peer of container interface {ifname} is not in host ns")
     return link.peer_index
 
 
 def _host_interface(request: PluginRequest, prev: Result) -> links.Link:
     if not prev.interfaces:
         raise fail("no interfaces provided")
+    host_ns = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        peer = netns.run_in(request.netns, _peer_index, request.ifname)
+        peer = netns.run_in(request.netns, _peer_index, request.ifname, host_ns)
     except netns.NetnsError as e:
         raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+    finally:
+        os.close(host_ns)
     with links.iproute() as ipr:
         link = links.get_link(ipr, index=peer)
     if link is None:
