@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import pytest
 
 from pycni import netns
 from pycni.errors import CNIError
+from pycni.sdk import Attachment
 from pycni_plugins.bandwidth import BandwidthPlugin
+from pycni_plugins.kernel.state import Records
 
 pytestmark = pytest.mark.privileged
 
@@ -76,3 +79,57 @@ def test_a_peer_in_another_namespace_is_refused_though_the_host_has_its_index(ho
     assert e.value.msg == "veth peer of container interface eth0 is not in host ns"
     assert _qdiscs() == {} and _ifbs(kit) == set()
     assert _qdiscs(third.path) == {}
+
+
+def _two_interfaces(make_netns) -> str:
+    """A container with veths ``eth0`` and ``eth1`` whose peers ``hveth0`` and ``hveth1`` are here."""
+    ctr = make_netns("c")
+    _veth(ctr.path, "hveth0", "eth0")
+    _veth(ctr.path, "hveth1", "eth1")
+    return ctr.path
+
+
+def test_each_interface_of_a_container_gets_its_own_ifb_and_del_removes_only_its_own(host, make_netns, kit):
+    ctr = _two_interfaces(make_netns)
+    plugin = BandwidthPlugin()
+    conf0, conf1 = _conf(ctr, "hveth0"), _conf(ctr, "hveth1", "eth1")
+    result0 = plugin.handle(kit.request("ADD", conf0, "c1", ctr))
+    result1 = plugin.handle(kit.request("ADD", conf1, "c1", ctr, "eth1"))
+    ifb0, ifb1 = result0["interfaces"][-1]["name"], result1["interfaces"][-1]["name"]
+    assert ifb0 != ifb1 and _ifbs(kit) == {ifb0, ifb1}
+    plugin.handle(kit.request("DEL", conf1, "c1", ctr, "eth1"))
+    assert _ifbs(kit) == {ifb0}
+    assert _qdiscs() == {"hveth0": ["ingress", "tbf"], ifb0: ["tbf"]}
+    plugin.handle(kit.request("CHECK", {**conf0, "prevResult": result0}, "c1", ctr))
+    plugin.handle(kit.request("DEL", conf0, "c1", ctr))
+    assert _ifbs(kit) == set() and _qdiscs() == {}
+
+
+def test_an_ifb_named_per_container_by_an_older_pycni_is_its_own_attachments_alone(host, make_netns, kit):
+    ctr = _two_interfaces(make_netns)
+    plugin = BandwidthPlugin()
+    conf0, conf1 = _conf(ctr, "hveth0"), _conf(ctr, "hveth1", "eth1")
+    add0 = kit.request("ADD", conf0, "c1", ctr)
+    result0 = plugin.handle(add0)
+    # As pycni named it before ifbs were per attachment: bwp + sha512(network + container ID).
+    legacy = ("bwp" + hashlib.sha512(b"bwnetc1").hexdigest())[:15]
+    _rename(result0["interfaces"][-1]["name"], legacy)
+    records = Records("bandwidth", add0.state_dir)
+    key = Attachment("bwnet", "c1", "eth0").key
+    records.store(key, {**records.load(key), "ifb": legacy})
+    result0["interfaces"][-1]["name"] = legacy
+    plugin.handle(kit.request("ADD", conf1, "c1", ctr, "eth1"))
+    plugin.handle(kit.request("DEL", conf1, "c1", ctr, "eth1"))
+    assert _ifbs(kit) == {legacy}
+    plugin.handle(kit.request("CHECK", {**conf0, "prevResult": result0}, "c1", ctr))
+    plugin.handle(kit.request("DEL", conf0, "c1", ctr))
+    assert _ifbs(kit) == set() and _qdiscs() == {}
+
+
+def _rename(name: str, new: str) -> None:
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        index = ipr.link_lookup(ifname=name)[0]
+        ipr.link("set", index=index, state="down")
+        ipr.link("set", index=index, ifname=new, state="up")
