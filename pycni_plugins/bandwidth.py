@@ -5,10 +5,9 @@ containernetworking/plugins v1.9.1: ``ingressRate``/``ingressBurst`` and
 ``egressRate``/``egressBurst`` in bits (top level; ``runtimeConfig.bandwidth`` only when the
 config has none of them); traffic into the container is shaped by a tbf (handle 1:) on the host
 veth, traffic out of it by an ingress qdisc on the host veth whose u32 filter redirects every
-packet (mirred) to an ifb device (``bwp`` + sha512 of network name and container ID, 15
-characters) with the tbf, whose MTU is the veth's; the ifb joins the result's interfaces. The
-host veth is the peer of ``CNI_IFNAME`` found among the prevResult's host interfaces. Versions
-from 0.3.0 on. The parameters are upstream's: rate/8 bytes/s, burst/8 bytes of bucket
+packet (mirred) to an ifb device with the tbf, whose MTU is the veth's; the ifb joins the
+result's interfaces. The host veth is the peer of ``CNI_IFNAME`` found among the prevResult's
+host interfaces. Versions from 0.3.0 on. The parameters are upstream's: rate/8 bytes/s, burst/8 bytes of bucket
 (``buffer`` in scheduler ticks), ``limit`` for 25 ms of latency.
 
 Debian's 1.1.1 and v1.9.1 behave the same here; upstream had "shaped/unshaped subnets" only in
@@ -16,9 +15,17 @@ v1.5.x (reverted in v1.6.0), so the latest release and pycni have none.
 
 Where pycni differs, on purpose:
 
+* the container interface's veth peer must be in the namespace the plugin runs in (its
+  IFLA_LINK_NETNSID names that namespace): an ifindex names a link only in its own namespace,
+  and upstream shapes whatever host link has the index of a peer that lives elsewhere;
 * rates below 8 bit/s, bursts below 8 bits, rates of 2**32 bytes/s (34 Gbit/s) and more, and
   bursts whose bucket does not fit the kernel's 32-bit tick and byte fields are refused before
   anything changes (upstream sends truncated values, or a 64-bit rate);
+* the ifb is named per attachment (``bwp`` + 12 hex digits of :attr:`~pycni.sdk.Attachment.key`),
+  not per container (upstream: ``bwp`` + sha512 of network name and container ID), so a
+  container's second shaped interface on one network gets its own instead of failing with
+  "File exists", and the DEL of one never deletes the other's; DEL, CHECK and GC use the ifb
+  the attachment's record names (a per-container name an older pycni recorded included);
 * a failing ADD removes the ifb and qdiscs it made; DEL also removes the tbf and ingress
   qdiscs it put on the host veth (recorded under pycni's state dir as ``bandwidth/<attachment
   key>``), not only the ifb; GC (none upstream) removes the ifbs of this network's attachments
@@ -30,7 +37,7 @@ Where pycni differs, on purpose:
 from __future__ import annotations
 
 import contextlib
-import hashlib
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -127,27 +134,50 @@ def load_config(request: PluginRequest) -> Bandwidth | None:
     return bw
 
 
-def ifb_name(network: str, container_id: str) -> str:
-    return ("bwp" + hashlib.sha512((network + container_id).encode()).hexdigest())[:15]
+def ifb_name(att: Attachment) -> str:
+    """The ifb an ADD of attachment ``att`` makes: one per attachment, so two interfaces of one
+    container on one network never share one (as upstream's per-container name makes them)."""
+    return ("bwp" + att.key)[:15]
 
 
-def _peer_index(ifname: str) -> int:
+def _recorded_ifb(record: Mapping[str, Any]) -> str | None:
+    """The ifb a record says its ADD made (whichever scheme named it); none without egress."""
+    ifb = record.get("ifb")
+    return ifb if isinstance(ifb, str) and record.get("egress") else None
+
+
+def _ifb_of(record: Any, att: Attachment) -> str | None:
+    """Attachment ``att``'s ifb: the one its record names, or with no record the one
+    :func:`ifb_name` gives it (no other attachment's)."""
+    return _recorded_ifb(record) if isinstance(record, dict) else ifb_name(att)
+
+
+def _peer_index(ifname: str, host_ns: int) -> int:
+    """The index of ``ifname``'s veth peer, which must be in namespace ``host_ns``: an index
+    names a link only in the namespace the peer is in (IFLA_LINK_NETNSID), and the host's
+    link of that index is then someone else's."""
     with links.iproute() as ipr:
         link = links.get_link(ipr, ifname)
-    if link is None:
-        raise fail(f"container interface {ifname} has no veth peer: Link not found")
-    if link.kind != "veth" or link.peer_index <= 0:
-        raise fail(f"container interface {ifname} has no veth peer: interface {ifname} is not a veth")
+        if link is None:
+            raise fail(f"container interface {ifname} has no veth peer: Link not found")
+        if link.kind != "veth" or link.peer_index <= 0:
+            raise fail(f"container interface {ifname} has no veth peer: interface {ifname} is not a veth")
+        # Read after the link: reporting a peer elsewhere is what assigns that namespace an id.
+        if link.peer_netnsid is None or link.peer_netnsid != links.netnsid(ipr, host_ns):
+            raise fail(f"veth peer of container interface {ifname} is not in host ns")
     return link.peer_index
 
 
 def _host_interface(request: PluginRequest, prev: Result) -> links.Link:
     if not prev.interfaces:
         raise fail("no interfaces provided")
+    host_ns = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        peer = netns.run_in(request.netns, _peer_index, request.ifname)
+        peer = netns.run_in(request.netns, _peer_index, request.ifname, host_ns)
     except netns.NetnsError as e:
         raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
+    finally:
+        os.close(host_ns)
     with links.iproute() as ipr:
         link = links.get_link(ipr, index=peer)
     if link is None:
@@ -183,7 +213,7 @@ class BandwidthPlugin(Plugin):
         prev = self._prev(request, "must be called as chained plugin")
         host = _host_interface(request, prev)
         att = attachment(request)
-        ifb = ifb_name(request.network_name, request.container_id)
+        ifb = ifb_name(att)
         undo: list[Callable[[], Any]] = []
         with links.iproute() as ipr:
             try:
@@ -226,10 +256,12 @@ class BandwidthPlugin(Plugin):
         load_config(request)
         att = attachment(request)
         record = _records(request).load(att.key)
+        ifb = _ifb_of(record, att)
         try:
             if isinstance(record, dict) and isinstance(record.get("host"), str):
                 _remove_host_qdiscs(record)
-            links.delete_link(ifb_name(request.network_name, request.container_id))
+            if ifb is not None:
+                links.delete_link(ifb)
         except links.LinkError as e:
             raise fail(str(e)) from e
         _records(request).remove(att.key)
@@ -244,8 +276,9 @@ class BandwidthPlugin(Plugin):
             if bw.ingress:
                 _check_tbf(tc.get_tbf(ipr, host.index), bw.ingress_rate, bw.ingress_burst)
             if bw.egress:
-                ifb = ifb_name(request.network_name, request.container_id)
-                ifb_link = links.get_link(ipr, ifb)
+                att = attachment(request)
+                ifb = _ifb_of(_records(request).load(att.key), att)
+                ifb_link = links.get_link(ipr, ifb) if ifb is not None else None
                 if ifb_link is None:
                     raise fail("get ifb device: Link not found")
                 _check_tbf(tc.get_tbf(ipr, ifb_link.index), bw.egress_rate, bw.egress_burst)
@@ -264,15 +297,15 @@ class BandwidthPlugin(Plugin):
                 continue
             if (record.get("attachment") or {}).get("network") != network:
                 continue
-            ifb = record.get("ifb")
-            if isinstance(ifb, str) and links.ifindex(ifb) is not None:
+            ifb = _recorded_ifb(record)
+            if ifb is not None and links.ifindex(ifb) is not None:
                 removed.append(f"ifb {ifb}")
             removed.append(f"pycni state record bandwidth/{name}")
             if dry_run(request):
                 continue
             try:
                 _remove_host_qdiscs(record)
-                if isinstance(ifb, str):
+                if ifb is not None:
                     links.delete_link(ifb)
             except links.LinkError as e:
                 raise fail(f"failed to remove {ifb}: {e.strerror}") from e

@@ -44,6 +44,7 @@ __all__ = [
     "get_link",
     "ifindex",
     "dump_links",
+    "netnsid",
     "random_mac",
     "random_veth_name",
     "ensure_bridge",
@@ -189,6 +190,9 @@ class Link:
     peer_index: int
     operstate: str
     txqlen: int = 0
+    #: IFLA_LINK_NETNSID: the id, in this link's namespace, of the one ``peer_index`` is in
+    #: (``None``: the same namespace as this link).
+    peer_netnsid: int | None = None
 
     @property
     def up(self) -> bool:
@@ -211,6 +215,7 @@ def _link(msg: Any) -> Link:
         peer_index=msg.get("link", 0),
         operstate=msg.get("operstate", "UNKNOWN"),
         txqlen=msg.get("txqlen", 0),
+        peer_netnsid=msg.get("link_netnsid"),
     )
 
 
@@ -239,6 +244,17 @@ def ifindex(name: str) -> int | None:
 
 def dump_links(ipr: IPRoute) -> list[Link]:
     return [_link(m) for m in _call(ipr.link, "dump")]
+
+
+def netnsid(ipr: IPRoute, ns_fd: int) -> int | None:
+    """The id the calling thread's namespace gives namespace ``ns_fd`` (as a :attr:`Link.peer_netnsid`
+    there would name it); ``None`` if it gives that namespace none."""
+    reply = _call(ipr.get_netnsid, fd=ns_fd)
+    nsid = reply.get("nsid") if reply else None
+    # pyroute2 reads NETNSA_NSID unsigned: NETNSA_NSID_NOT_ASSIGNED (-1) comes out as 2**32 - 1.
+    if not isinstance(nsid, int) or nsid >= 2**31:
+        return None
+    return nsid
 
 
 def random_mac() -> str:

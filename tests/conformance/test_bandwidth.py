@@ -2,8 +2,9 @@
 measured transfer through the shaped veth.
 
 Known, asserted differences (see :mod:`pycni_plugins.bandwidth`): pycni's DEL also removes the
-tbf and ingress qdiscs it put on the host veth (the Go plugin removes only the ifb), and pycni
-refuses rates and bursts the kernel's 32-bit fields cannot hold.
+tbf and ingress qdiscs it put on the host veth (the Go plugin removes only the ifb), pycni
+refuses rates and bursts the kernel's 32-bit fields cannot hold, and pycni's ifb is named per
+attachment, not per container (names are compared as ``IFB``).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def _tc_state(path: str) -> dict:
 
 def _normalise(twin: Twin, data) -> dict:
     text = json.dumps(data, sort_keys=True).replace(twin.ctr.path, "SANDBOX")
+    text = re.sub(r"\bbwp[0-9a-f]{12}\b", "IFB", text)
     out = json.loads(re.sub(r'"([0-9a-f]{2}:){5}[0-9a-f]{2}"', '"MAC"', text))
     if isinstance(out, dict) and out.get("dns") == {}:
         del out["dns"]
@@ -109,7 +111,7 @@ def test_add_check_del_match_the_reference(twins, version):
         _prepare(twin)
         conf = _conf(twin, version, **SHAPED)
         result = twin.run("bandwidth", "ADD", conf)
-        state = (_tc_state(twin.host.path), _normalise(twin, _ifbs(twin)))
+        state = _normalise(twin, [_tc_state(twin.host.path), _ifbs(twin)])
         twin.run("bandwidth", "CHECK", {**conf, "prevResult": result})
         twin.run("bandwidth", "DEL", conf)
         after = (_tc_state(twin.host.path), _ifbs(twin))
@@ -144,7 +146,7 @@ def test_the_capability_applies_when_the_config_has_no_rates(twins, top, expecte
         _prepare(twin)
         conf = _conf(twin, runtimeConfig=RUNTIME, **top)
         result = twin.run("bandwidth", "ADD", conf)
-        seen[impl] = (_normalise(twin, result), _tc_state(twin.host.path))
+        seen[impl] = (_normalise(twin, result), _normalise(twin, _tc_state(twin.host.path)))
         twin.run("bandwidth", "DEL", conf)
     assert seen["inproc"] == seen["exec"] == seen["go"]
     if expected is not None:
