@@ -496,6 +496,8 @@ class Daemon:
                     data, ancillary, flags, _ = conn.recvmsg(
                         min(n - len(buf), 1 << 16), socket.CMSG_SPACE(MAX_FDS * 4), socket.MSG_CMSG_CLOEXEC
                     )
+                except TimeoutError:
+                    raise _Gone("request not sent in time") from None
                 except OSError as e:
                     raise _Gone(f"reading the request: {e}") from None
                 for level, kind, payload in ancillary:

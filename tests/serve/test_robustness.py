@@ -422,6 +422,18 @@ def test_idle_connections_from_one_process_cannot_keep_the_daemon_busy(daemon, b
     assert "connections from pid" in daemon.log()
 
 
+def test_a_connection_that_sends_nothing_is_closed_after_the_read_deadline(daemon):
+    """An idle connection holds its place for 2 s (the read deadline), not forever."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(daemon.socket)
+        s.settimeout(scaled(10))
+        started = time.monotonic()
+        assert s.recv(1) == b"", "closed without an answer"
+        assert 1.5 < time.monotonic() - started < scaled(5)
+    (line,) = daemon.requests(1)
+    assert " dropped (request not sent in time) " in line, line
+
+
 def _answer(s: socket.socket) -> bytes:
     s.settimeout(scaled(5))
     try:
