@@ -20,8 +20,9 @@ differs, on purpose:
   (:mod:`.kernel.owned`: namespace, ifindex, MAC); a failed ADD leaves a record naming none,
   so its rollback never takes another attachment's ``CNI_IFNAME``; with no record, DEL moves
   ``CNI_IFNAME`` back (the reference's behaviour) unless another attachment's record names it;
-* the device that carries the host namespace's default route is refused (code 7) before
-  anything changes: moving it would cut the host off;
+* a device any default route of the host namespace can leave through is refused (code 7)
+  before anything changes, moving it would cut the host off: IPv4 and IPv6, every table a
+  routing rule reaches, every nexthop of a multipath route (the reference checks none);
 * a DEL whose container namespace is gone, or that finds no ``CNI_IFNAME`` there (a repeated
   DEL), succeeds (the kernel already took the device back, or destroyed a virtual one), as
   pycni's other plugins do; the reference fails;
@@ -170,8 +171,7 @@ def _select(conf: HostDeviceConfig) -> tuple[links.Link, list[str]]:
             raise CNIError(
                 f'refusing to move "{link.name}": it is the loopback device', code=ErrorCode.INVALID_NETWORK_CONFIG
             )
-        default = ifconfig.default_route_link(ipr)
-        if default is not None and default.index == link.index:
+        if link.index in ifconfig.default_route_indexes(ipr):
             raise CNIError(
                 f'refusing to move "{link.name}": it carries the host namespace\'s default route',
                 code=ErrorCode.INVALID_NETWORK_CONFIG,

@@ -12,6 +12,8 @@ CHECK's texts start lower-case. Where pycni differs, on purpose:
   (the reference says only ``Link not found``); a master that cannot carry a macvlan (``lo``, a
   non-Ethernet device) and a kernel without the driver are named as such;
 * the config is validated (mode, MAC, MTU, bcqueuelen) before anything changes;
+* without ``master``, a multipath default route gives its first nexthop's device (the
+  reference skips such a route and finds no master); ipvlan's lookup is the same;
 * GC (upstream has none: its GC succeeds and changes nothing) deletes the recorded links of the
   network's attachments not in ``cni.dev/valid-attachments`` and their records, as their DEL
   would (:func:`._sublink.gc`), and goes to the IPAM plugin.

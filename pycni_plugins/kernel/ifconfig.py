@@ -17,7 +17,14 @@ from pycni.types import IPConfig, Result, Route
 
 from . import links, sysctl
 
-__all__ = ["configure_iface", "check_ips", "check_routes", "check_on_link", "default_route_link"]
+__all__ = [
+    "configure_iface",
+    "check_ips",
+    "check_routes",
+    "check_on_link",
+    "default_route_link",
+    "default_route_indexes",
+]
 
 
 def _fail(msg: str) -> CNIError:
@@ -134,11 +141,37 @@ def _has_route_to(ipr: links.IPRoute, dst: ipaddress.IPv4Network | ipaddress.IPv
     return False
 
 
+RTN_UNICAST, FR_ACT_TO_TBL = 1, 1
+
+
+def _rule_tables(ipr: links.IPRoute, family: int) -> set[int]:
+    """The tables the routing rules of ``family`` send lookups to (any selector counts: a route
+    that some packets take is a route the host needs)."""
+    return {msg.get("table") for msg in links.call(ipr.get_rules, family=family) if msg["action"] == FR_ACT_TO_TBL}
+
+
+def default_route_indexes(ipr: links.IPRoute) -> list[int]:
+    """Every link a default route can leave through: IPv4 and IPv6, every table a rule reaches,
+    each nexthop of a multipath route. Main-table IPv4 routes come first, in the kernel's order,
+    so the first index is the device Go's ``GetDefaultRouteInterfaceName`` would name."""
+    found: list[tuple[int, int, int]] = []
+    for rank, family in enumerate((socket.AF_INET, socket.AF_INET6)):
+        tables = _rule_tables(ipr, family)
+        for msg in links.call(ipr.route, "dump", family=family):
+            table = msg.get("table")
+            if msg["dst_len"] != 0 or msg["type"] != RTN_UNICAST or table not in tables:
+                continue
+            oifs = [msg.get("oif")] + [hop["oif"] for hop in msg.get("multipath") or ()]
+            where = (rank, 0 if table == links.RT_TABLE_MAIN else 1)
+            found.extend((*where, oif) for oif in oifs if oif)
+    ordered = [oif for *_, oif in sorted(found, key=lambda f: f[:2])]
+    return list(dict.fromkeys(ordered))
+
+
 def default_route_link(ipr: links.IPRoute) -> links.Link | None:
-    """The link of the first default route (IPv4, then IPv6) in the main table, if any."""
-    for family in (socket.AF_INET, socket.AF_INET6):
-        for msg in ipr.route("dump", family=family, table=links.RT_TABLE_MAIN):
-            oif = msg.get("oif")
-            if msg["dst_len"] == 0 and oif:
-                return links.get_link(ipr, index=oif)
+    """The first link of :func:`default_route_indexes` (macvlan's and ipvlan's default master)."""
+    for index in default_route_indexes(ipr):
+        link = links.get_link(ipr, index=index)
+        if link is not None:
+            return link
     return None

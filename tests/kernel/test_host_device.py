@@ -159,3 +159,90 @@ def test_an_add_whose_result_its_version_cannot_hold_changes_nothing(host, make_
     for name in os.listdir(records):
         with open(os.path.join(records, name)) as f:
             assert '"link":null' in f.read()
+
+
+def _routes(*commands: tuple[str, dict]) -> None:
+    """Two uplinks (veths ``up1``, ``up2``, addressed) and the given routing rules and routes."""
+    from pyroute2 import IPRoute
+
+    with IPRoute() as ipr:
+        for n, name in ((1, "up1"), (2, "up2")):
+            ipr.link("add", ifname=name, kind="veth", peer=f"{name}p", state="up")
+            index = ipr.link_lookup(ifname=name)[0]
+            ipr.addr("add", index=index, address=f"198.18.{10 + n}.1", prefixlen=24)
+            ipr.addr("add", index=index, address=f"2001:db8:{n}::1", prefixlen=64, flags=0x80)  # nodad
+        up = {name: ipr.link_lookup(ifname=name)[0] for name in ("up1", "up2")}
+        for what, spec in commands:
+            spec = {k: (up[v] if k == "oif" else v) for k, v in spec.items()}
+            if "multipath" in spec:
+                spec["multipath"] = [{**hop, "oif": up[hop["oif"]]} for hop in spec["multipath"]]
+            getattr(ipr, what)("add", **spec)
+
+
+MULTIPATH = {
+    "dst": "0.0.0.0/0",
+    "multipath": [{"gateway": "198.18.11.2", "oif": "up1"}, {"gateway": "198.18.12.2", "oif": "up2"}],
+}
+ROUTINGS = {
+    "multipath default, first hop": ([("route", MULTIPATH)], "up1"),
+    "multipath default, second hop": ([("route", MULTIPATH)], "up2"),
+    "a second default route, metric 200": (
+        [
+            ("route", {"dst": "0.0.0.0/0", "gateway": "198.18.11.2"}),
+            ("route", {"dst": "0.0.0.0/0", "gateway": "198.18.12.2", "priority": 200}),
+        ],
+        "up2",
+    ),
+    "an IPv6 default route": (
+        [
+            ("route", {"dst": "0.0.0.0/0", "gateway": "198.18.11.2"}),
+            ("route", {"dst": "::/0", "oif": "up2", "family": 10}),
+        ],
+        "up2",
+    ),
+    "a default route in a table a rule reaches": (
+        [
+            ("route", {"dst": "0.0.0.0/0", "gateway": "198.18.12.2", "table": 100}),
+            ("rule", {"fwmark": 1, "table": 100, "priority": 100}),
+        ],
+        "up2",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ROUTINGS))
+def test_host_device_refuses_every_device_a_default_route_can_leave_through(host, make_netns, kit, case):
+    commands, device = ROUTINGS[case]
+    _routes(*commands)
+    ctr = make_netns("c")
+    before = kit.links_in(None)
+    with pytest.raises(CNIError) as e:
+        HostDevicePlugin().handle(kit.request("ADD", _conf(device=device), "c1", ctr.path))
+    assert (
+        e.value.code == 7
+        and f'refusing to move "{device}": it carries the host namespace\'s default route' in e.value.msg
+    )
+    assert kit.links_in(None) == before and set(_in_container(ctr.path)) == {"lo"}
+
+
+def test_host_device_moves_a_device_whose_default_route_no_rule_reaches(host, make_netns, kit):
+    _routes(
+        ("route", {"dst": "0.0.0.0/0", "gateway": "198.18.11.2"}),
+        ("route", {"dst": "0.0.0.0/0", "gateway": "198.18.12.2", "table": 100}),
+    )
+    ctr = make_netns("c")
+    HostDevicePlugin().handle(kit.request("ADD", _conf(device="up2"), "c1", ctr.path))
+    assert "up2" not in kit.links_in(None) and "eth0" in _in_container(ctr.path)
+    HostDevicePlugin().handle(kit.request("DEL", _conf(device="up2"), "c1", ctr.path))
+    assert "up2" in kit.links_in(None)
+
+
+def test_macvlan_default_master_is_a_multipath_default_routes_first_hop(host, make_netns, kit):
+    """Go's lookup skips a multipath default route and finds no master; pycni takes its first hop."""
+    from pycni_plugins import _sublink
+    from pycni_plugins.kernel import links
+
+    _routes(("route", MULTIPATH))
+    request = kit.request("ADD", {"cniVersion": "1.0.0", "name": "mv", "type": "macvlan"}, "c1", make_netns("c").path)
+    master = _sublink.lookup_master(request, "", in_container=False)
+    assert master.link.index == links.ifindex("up1")
