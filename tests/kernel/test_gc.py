@@ -28,7 +28,7 @@ from pycni_plugins.host_local import HostLocalPlugin
 from pycni_plugins.host_local import lease_cache as hl_cache
 from pycni_plugins.install import install
 from pycni_plugins.kernel import layout, nft
-from pycni_plugins.kernel.nft import ownership
+from pycni_plugins.kernel.nft import listing, ownership
 from pycni_plugins.portmap import PortmapPlugin
 from tests.conftest import TEST_NS_PREFIX
 
@@ -286,6 +286,37 @@ def test_an_element_left_by_a_stale_attachment_is_not_taken_over_until_gc_collec
     nft.apply("masq", B, [element], SECTIONS, state_dir=state_dir)
     assert nft.check(B, [element], SECTIONS) is None
     assert nft.holder(element).startswith(B.key)
+
+
+def test_forced_cleanup_lists_the_tables_once_and_removes_only_what_it_matched(host, kit, state_dir, monkeypatch):
+    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS, state_dir=state_dir)
+    nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS, state_dir=state_dir)
+    listings = []
+    real = listing._listing
+    monkeypatch.setattr(listing, "_listing", lambda: listings.append(1) or real())
+    removed = nft.remove_attachments(lambda key, group: key == A.key, "a", state_dir=state_dir)
+    assert listings == [1]
+    assert removed == [
+        "pycni inet pycni masq4 element 198.18.72.5 : goto masq-198_18_72_0_nm24 (masq)",
+        f"pycni state record nft/{A.key}.masq",
+    ]
+    assert {e[0]["elem"]["val"] for e in kit.nft_elements()["masq4"]} == {"198.18.72.6"}
+    assert ownership.records(state_dir).load(f"{B.key}.masq") is not None
+
+
+def test_forced_cleanup_leaves_alone_a_key_another_attachment_took_over_since_the_listing(
+    host, kit, state_dir, monkeypatch
+):
+    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS, state_dir=state_dir)
+    stale = listing._listing()
+    nft.release("masq", A, state_dir=state_dir)
+    other = ipaddress.ip_interface("198.18.72.5/16")  # the same address, other data: B's now
+    nft.apply(
+        "masq", B, [layout.masq_element(other)], (layout.MASQ, layout.masq_subnet(other.network)), state_dir=state_dir
+    )
+    monkeypatch.setattr(listing, "_listing", lambda: stale)
+    nft.remove_attachments(lambda key, group: key == A.key, "a", state_dir=state_dir)  # no error
+    assert nft.holder(layout.masq_element(other)).startswith(B.key)
 
 
 def test_flushed_rules_are_put_back_keeping_other_admin_jumps(host, kit):

@@ -1,5 +1,5 @@
 """Elements found by listing pycni's tables, and the GC built on them: O(n) in the elements, so
-only for GC, forced cleanup and a DEL without a record."""
+only for GC, forced cleanup and a DEL without a record; each operation lists the tables once."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pycni.sdk import Attachment
 from ..state import Records
 from .ownership import Comment, Element, comment, filed, holder, reclaim, records
 from .skeleton import Section, ensure, repair
-from .transport import FAMILIES, TABLE, NftError, context, run
+from .transport import FAMILIES, TABLE, ElementConflict, NftError, NftNotFound, context, error, run
 
 __all__ = [
     "Found",
@@ -126,15 +126,21 @@ def search(key: str, owner: str | None = None) -> list[Found]:
     return out
 
 
-def remove_found(found: Sequence[Found]) -> None:
-    """Remove ``found`` in one transaction, else one by one."""
+def remove_found(found: Sequence[Found]) -> list[Found]:
+    """Remove ``found`` in one transaction, else one by one; returns those whose removal failed
+    with anything but "another attachment holds the key now" or "its set is gone"."""
     if not found:
-        return
+        return []
     ctx = context()
     rc, _, _ = ctx.json_cmd({"nftables": [c for f in found for c in f.drop()]})
-    if rc != 0:
-        for f in found:
-            ctx.json_cmd({"nftables": f.drop()})
+    if rc == 0:
+        return []
+    failed = []
+    for f in found:
+        rc, _, err = ctx.json_cmd({"nftables": f.drop()})
+        if rc != 0 and not isinstance(error(err), (ElementConflict, NftNotFound)):
+            failed.append(f)
+    return failed
 
 
 def attachments(state_dir: str) -> dict[str, dict[str, Any]]:
@@ -175,16 +181,16 @@ def remove_attachments(match: Callable[[str, dict[str, Any]], bool], what: str, 
     group ``match(key, group)`` accepts (any owner), in the calling thread's namespace; returns
     what was removed. ``what`` names them in the error.
 
-    The elements are found by listing pycni's tables (O(n)) and deleted in one transaction
-    ("add, then delete", so an element that vanished meanwhile is no error). If that
-    transaction fails (another attachment took a key over since), elements are removed one by
-    one, leaving alone what is not ours.
+    One listing of pycni's tables (O(n)), then one transaction ("add, then delete", so an
+    element that vanished meanwhile is no error). If that fails (another attachment took a key
+    over since), elements are removed one by one, leaving alone what is not ours; one that
+    resists for any other reason is the error.
     """
     store = records(state_dir)
-    keys = {key for key, group in _groups(_listing(), store).items() if match(key, group)}
-    found = [f for f in _listing() if f.parsed.key in keys]
-    remove_found(found)
-    left = [f for f in _listing() if f.parsed.key in keys] if found else []
+    listing = _listing()
+    keys = {key for key, group in _groups(listing, store).items() if match(key, group)}
+    found = [f for f in listing if f.parsed.key in keys]
+    left = remove_found(found)
     if left:
         raise NftError(f"could not remove {len(left)} element(s) of {what}", left[0].describe())
     removed = [f.describe() for f in found]
