@@ -117,15 +117,15 @@ def _owned_by(network: str, container_id: str, key: str, group: dict[str, Any]) 
     record = group.get("record")
     if isinstance(record, dict):
         return bool(record.get("network") == network and record.get("container_id") == container_id)
-    parts: list[str] = group.get("comment", "").split(" ")
-    if len(parts) < 5:
+    found = nft.Comment.parse(group.get("comment", ""))
+    if found.ifname is None:
         return False
     # The key hashes the exact triple: recomputing it from the comment's ifname is exact. A
     # sanitised or cut ifname cannot be rehashed; then the (sanitised) names must match.
-    if Attachment(network, container_id, parts[4]).key == key:
+    if Attachment(network, container_id, found.ifname).key == key:
         return True
-    safe = nft.comment(Attachment(network, container_id, ""), "x").split(" ")
-    return parts[2] == safe[2] and parts[3] == safe[3]
+    safe = nft.Comment.of(Attachment(network, container_id, ""), "x")
+    return found.network == safe.network and found.container_id == safe.container_id
 
 
 def remove_container(network: str, container_id: str, state_dir: str) -> list[str]:

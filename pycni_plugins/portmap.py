@@ -183,7 +183,7 @@ def _conflict(e: nft.ElementConflict, request: PluginRequest, prev: Result) -> C
     details = left_behind(request, prev, "portmap")
     if e.element is None or not e.element.set.startswith(("hostports", "hostip_hostports")):
         return fail(f"failed to publish host ports: {e.msg}", details)
-    owner = " ".join((e.holder or "").split(" ")[2:]) or "an unknown owner"
+    owner = nft.Comment.parse(e.holder or "").label or "an unknown owner"
     return fail(f"{_port_text(e.element)} is already mapped by another container ({owner})", details)
 
 
@@ -196,12 +196,11 @@ def _wildcard(e: nft.Element) -> nft.Element:
 def _shadowed(att: Attachment, wildcard: list[nft.Element]) -> nft.ElementConflict | None:
     """A host-IP-specific host port of another attachment that one of ``wildcard`` (every
     address) would shadow. Lists only the host-IP maps, which stay small."""
-    prefix = att.key + " "
     for family_set in sorted({(e.family, "hostip_" + e.set) for e in wildcard}):
         wanted = {e.key for e in wildcard if "hostip_" + e.set == family_set[1]}
         for found in nft.map_elements(*family_set):
             concat = found.key.get("concat") if isinstance(found.key, dict) else None
-            if not concat or len(concat) != 3 or found.comment.startswith(prefix):
+            if not concat or len(concat) != 3 or found.parsed.names(att):
                 continue
             if f"{concat[1]} . {concat[2]}" in wanted:
                 error = nft.ElementConflict("host port shadowed")

@@ -231,7 +231,7 @@ def test_storm(host_ns, tmp_path, monkeypatch):
         from pycni_plugins.kernel import nft
 
         groups = netns.run_in(host_ns.path, nft.attachments, str(state_dir))
-        owners = {g["comment"].split(" ")[3] for g in groups.values() if g["comment"]}
+        owners = {nft.Comment.parse(g["comment"]).container_id for g in groups.values() if g["comment"]}
         hostports = sum(
             len(obj["map"].get("elem", []))
             for obj in netns.run_in(host_ns.path, nft.list_table, "inet", "pycni") or []

@@ -94,14 +94,19 @@ def test_a_del_after_an_add_killed_before_its_commit_keeps_the_holders_element(h
     committed, its DEL must not delete the element another attachment holds for the address."""
     import ipaddress
 
-    from pycni_plugins.kernel import layout, nft
+    from pycni_plugins.kernel import layout
+    from pycni_plugins.kernel.nft import ownership
 
     plugin = FirewallPlugin()
     plugin.handle(kit.request("ADD", _fw(), "victim", "/x"))
     before = kit.nft_elements()
     thief = Attachment("testnet", "thief", "eth0")
-    nft._store(
-        nft._records(state_dir), thief, "firewall", [], [layout.firewall_element(ipaddress.ip_address("10.77.0.2"))]
+    ownership.save(
+        ownership.records(state_dir),
+        thief,
+        "firewall",
+        [],
+        [layout.firewall_element(ipaddress.ip_address("10.77.0.2"))],
     )
     plugin.handle(kit.request("DEL", _fw(), "thief", "/x"))
     assert kit.nft_elements() == before

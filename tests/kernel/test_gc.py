@@ -28,6 +28,7 @@ from pycni_plugins.host_local import HostLocalPlugin
 from pycni_plugins.host_local import lease_cache as hl_cache
 from pycni_plugins.install import install
 from pycni_plugins.kernel import layout, nft
+from pycni_plugins.kernel.nft import listing, ownership
 from pycni_plugins.portmap import PortmapPlugin
 from tests.conftest import TEST_NS_PREFIX
 
@@ -253,10 +254,10 @@ def test_a_lost_state_dir_does_not_make_a_new_one_trusted(host, kit, state_dir):
 
 def test_a_rebuilt_table_is_claimed_again(host, kit, state_dir):
     nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS, state_dir=state_dir)
-    assert nft._authoritative(nft._records(state_dir))
+    assert ownership.authoritative(ownership.records(state_dir))
     nft.run(["delete table inet pycni"])
     nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS, state_dir=state_dir)
-    assert nft._authoritative(nft._records(state_dir)), "the first commit into the new table claimed it back"
+    assert ownership.authoritative(ownership.records(state_dir)), "the first commit into the new table claimed it back"
 
 
 def test_only_the_state_dir_that_claimed_the_table_is_authoritative_in_one_process(host, kit, tmp_path):
@@ -264,10 +265,10 @@ def test_only_the_state_dir_that_claimed_the_table_is_authoritative_in_one_proce
     per state dir, so the second never borrows the first one's authority."""
     first, second = str(tmp_path / "first"), str(tmp_path / "second")
     nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS, state_dir=first)
-    assert nft._authoritative(nft._records(first))
+    assert ownership.authoritative(ownership.records(first))
     nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS, state_dir=second)
-    assert not nft._authoritative(nft._records(second))
-    assert nft._authoritative(nft._records(first))
+    assert not ownership.authoritative(ownership.records(second))
+    assert ownership.authoritative(ownership.records(first))
 
 
 def test_an_element_left_by_a_stale_attachment_is_not_taken_over_until_gc_collects_it(host, kit, state_dir):
@@ -276,15 +277,46 @@ def test_an_element_left_by_a_stale_attachment_is_not_taken_over_until_gc_collec
     GC that does not list the stale one collects its element, then the ADD succeeds."""
     element = layout.masq_element(ADDR)
     nft.apply("masq", A, [element], SECTIONS, state_dir=state_dir)
-    nft._records(state_dir).remove(f"{A.key}.masq")  # A is forgotten
+    ownership.records(state_dir).remove(f"{A.key}.masq")  # A is forgotten
     with pytest.raises(nft.ElementConflict, match=r"belongs to another attachment \(net1 a eth0\)"):
         nft.apply("masq", B, [element], SECTIONS, state_dir=state_dir)
     assert nft.holder(element).startswith(A.key)
-    assert nft._records(state_dir).load(f"{B.key}.masq") is None
+    assert ownership.records(state_dir).load(f"{B.key}.masq") is None
     assert len(nft.collect("net1", [("b", "eth0")], ("masq",), state_dir=state_dir)) == 1
     nft.apply("masq", B, [element], SECTIONS, state_dir=state_dir)
     assert nft.check(B, [element], SECTIONS) is None
     assert nft.holder(element).startswith(B.key)
+
+
+def test_forced_cleanup_lists_the_tables_once_and_removes_only_what_it_matched(host, kit, state_dir, monkeypatch):
+    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS, state_dir=state_dir)
+    nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS, state_dir=state_dir)
+    listings = []
+    real = listing._listing
+    monkeypatch.setattr(listing, "_listing", lambda: listings.append(1) or real())
+    removed = nft.remove_attachments(lambda key, group: key == A.key, "a", state_dir=state_dir)
+    assert listings == [1]
+    assert removed == [
+        "pycni inet pycni masq4 element 198.18.72.5 : goto masq-198_18_72_0_nm24 (masq)",
+        f"pycni state record nft/{A.key}.masq",
+    ]
+    assert {e[0]["elem"]["val"] for e in kit.nft_elements()["masq4"]} == {"198.18.72.6"}
+    assert ownership.records(state_dir).load(f"{B.key}.masq") is not None
+
+
+def test_forced_cleanup_leaves_alone_a_key_another_attachment_took_over_since_the_listing(
+    host, kit, state_dir, monkeypatch
+):
+    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS, state_dir=state_dir)
+    stale = listing._listing()
+    nft.release("masq", A, state_dir=state_dir)
+    other = ipaddress.ip_interface("198.18.72.5/16")  # the same address, other data: B's now
+    nft.apply(
+        "masq", B, [layout.masq_element(other)], (layout.MASQ, layout.masq_subnet(other.network)), state_dir=state_dir
+    )
+    monkeypatch.setattr(listing, "_listing", lambda: stale)
+    nft.remove_attachments(lambda key, group: key == A.key, "a", state_dir=state_dir)  # no error
+    assert nft.holder(layout.masq_element(other)).startswith(B.key)
 
 
 def test_flushed_rules_are_put_back_keeping_other_admin_jumps(host, kit):

@@ -15,6 +15,7 @@ from pycni import netns
 from pycni.errors import CNIError, ErrorCode
 from pycni.sdk import Attachment
 from pycni_plugins.kernel import layout, nfnl, nft
+from pycni_plugins.kernel.nft import skeleton, transport
 
 pytestmark = pytest.mark.privileged
 
@@ -41,13 +42,13 @@ def test_sections_are_created_once_even_concurrently(host, kit):
 
 def _counting_dumps(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     dumps: list[str] = []
-    real = nft._netlink_dump
+    real = skeleton._netlink_dump
 
     def counting(family: str):
         dumps.append(family)
         return real(family)
 
-    monkeypatch.setattr(nft, "_netlink_dump", counting)
+    monkeypatch.setattr(skeleton, "_netlink_dump", counting)
     return dumps
 
 
@@ -67,7 +68,7 @@ def test_a_new_namespace_never_inherits_the_verification_of_a_dead_one(make_netn
     netns.run_in(first.path, nft.ensure, SECTIONS)
     first.__exit__(None, None, None)
     second = make_netns("host")
-    monkeypatch.setattr(nft, "_netns_ident", lambda: (st.st_dev, st.st_ino))  # as if the inode was reused
+    monkeypatch.setattr(transport, "_netns_ident", lambda: (st.st_dev, st.st_ino))  # as if the inode was reused
     dumps = _counting_dumps(monkeypatch)
     netns.run_in(second.path, nft.ensure, SECTIONS)
     assert dumps

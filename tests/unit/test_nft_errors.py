@@ -6,6 +6,7 @@ import pytest
 
 from pycni.errors import CNIError, ErrorCode
 from pycni_plugins.kernel import nft
+from pycni_plugins.kernel.nft import transport
 
 
 @pytest.mark.parametrize(
@@ -20,7 +21,7 @@ from pycni_plugins.kernel import nft
     ],
 )
 def test_libnftables_errors_are_typed_by_the_kernels_answer(text: str, kind: type[nft.NftError]) -> None:
-    error = nft._error(text)
+    error = transport.error(text)
     assert type(error) is kind
     assert isinstance(error, CNIError) and error.code == ErrorCode.INTERNAL
     assert error.msg == (text.strip().splitlines()[0] if text.strip() else "unknown nftables error")

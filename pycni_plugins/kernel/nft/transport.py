@@ -1,0 +1,197 @@
+"""The one place libnftables is called: what pycni owns, contexts, transactions, typed errors, and
+the per-namespace memo of what was last verified."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from pycni.errors import CNIError, ErrorCode
+
+from .. import nfnl
+
+if TYPE_CHECKING:
+    from .ownership import Element
+
+__all__ = [
+    "TABLE",
+    "FAMILIES",
+    "VERIFY_EVERY",
+    "table",
+    "NftError",
+    "ElementConflict",
+    "NftNotFound",
+    "NftBusy",
+    "NftInterrupted",
+    "error",
+    "context",
+    "memo",
+    "run",
+    "run_json",
+    "list_table",
+]
+
+#: pycni's own tables: ``table inet pycni`` and ``table bridge pycni``. Nothing here lists,
+#: flushes or edits anyone else's table (:func:`list_table` and :func:`run_json` excepted: the
+#: hooks that read or program another owner's table on purpose).
+TABLE = "pycni"
+FAMILIES = ("inet", "bridge")
+#: Seconds between two verifications of the skeleton (its rules) in one namespace.
+VERIFY_EVERY = 1.0
+READ_RETRIES = 5
+
+
+def table(family: str) -> str:
+    """pycni's table of ``family`` as nft names it in commands and messages."""
+    return f"table {family} {TABLE}"
+
+
+class NftError(CNIError):
+    """libnftables refused a transaction; ``msg`` is its error text (first line)."""
+
+    default_code = ErrorCode.INTERNAL
+
+
+class ElementConflict(NftError):
+    """An element's key is held by another attachment (EEXIST); ``holder`` is its comment
+    (``""``: an element without one) when known."""
+
+    element: Element | None = None
+    holder: str | None = None
+
+
+class NftNotFound(NftError):
+    """A table, chain, set or object named by the transaction does not exist (ENOENT)."""
+
+
+class NftBusy(NftError):
+    """An object the transaction deletes is still in use, e.g. a counter a rule references (EBUSY)."""
+
+
+class NftInterrupted(NftError):
+    """The kernel interrupted a read because the ruleset changed under it (EINTR): retry."""
+
+
+#: libnftables reports the kernel's errno only as its strerror text: the one place it is read.
+_BY_TEXT: tuple[tuple[str, type[NftError]], ...] = (
+    ("File exists", ElementConflict),
+    ("No such file or directory", NftNotFound),
+    ("Device or resource busy", NftBusy),
+    ("Interrupted system call", NftInterrupted),
+)
+
+
+def error(err: str | None) -> NftError:
+    """libnftables' error text as the typed :class:`NftError` it stands for."""
+    text = (err or "").strip()
+    first = text.splitlines()[0] if text else "unknown nftables error"
+    cls = next((c for marker, c in _BY_TEXT if marker in first), NftError)
+    return cls(first, text)
+
+
+@attrs.define(eq=False)
+class Memo:
+    """What was last learned about one namespace's table, shared by the threads working in it:
+    sections verified (monotonic time per section), whether each state dir is authoritative, and
+    the last dump of each family's chains and rules with the ruleset generation it shows."""
+
+    ensured: dict[tuple[str, str], float] = attrs.Factory(dict)
+    authoritative: dict[str, tuple[float, bool]] = attrs.Factory(dict)  # by state dir
+    dumps: dict[str, tuple[int, dict[str, list[nfnl.Rule]] | None]] = attrs.Factory(dict)
+
+    def stale(self, now: float) -> bool:
+        times = [*self.ensured.values(), *(t for t, _ in self.authoritative.values())]
+        return all(now - t >= VERIFY_EVERY for t in times)
+
+
+_local = threading.local()
+# By netns cookie, which the kernel never reuses (inode numbers are reused as soon as a namespace
+# dies), so a thread that starts after another one finished still finds what it learned.
+_memos: dict[int, Memo] = {}
+_memos_lock = threading.Lock()
+_SO_NETNS_COOKIE = 71  # asm-generic/socket.h, Linux 5.14
+
+
+def _netns_ident() -> tuple[int, int]:
+    st = os.stat("/proc/thread-self/ns/net")
+    return st.st_dev, st.st_ino
+
+
+def _shared_memo() -> Memo:
+    """The calling thread's namespace's memo; a private one where the kernel has no cookies."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            cookie = int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, _SO_NETNS_COOKIE, 8), sys.byteorder)
+    except OSError:
+        return Memo()
+    with _memos_lock:
+        memo = _memos.get(cookie)
+        if memo is None:
+            now = time.monotonic()
+            for old in [c for c, m in _memos.items() if m.stale(now)]:
+                del _memos[old]
+            memo = _memos[cookie] = Memo()
+        return memo
+
+
+def context() -> Any:
+    """The calling thread's libnftables context for its current network namespace.
+
+    A context's netlink socket is bound to the namespace it was created in. It is kept: closing
+    a socket that committed deletions makes the kernel flush its deferred-free work, an RCU
+    grace period (~13 ms) that a kept socket never waits for.
+    """
+    ident = _netns_ident()
+    cached = getattr(_local, "ctx", None)
+    if cached is not None and cached[0] == ident:
+        return cached[1]
+    import nftables
+
+    ctx = nftables.Nftables()
+    _local.ctx = (ident, ctx)
+    _local.memo = _shared_memo()
+    return ctx
+
+
+def memo() -> Memo:
+    """The memo of the calling thread's current namespace."""
+    context()
+    found: Memo = _local.memo
+    return found
+
+
+def run(commands: Iterable[str]) -> None:
+    """Apply ``commands`` as one transaction; :class:`NftError` (nothing applied) on failure."""
+    text = "\n".join(commands)
+    if not text:
+        return
+    rc, _, err = context().cmd(text)
+    if rc != 0:
+        raise error(err)
+
+
+def run_json(commands: Sequence[Mapping[str, Any]]) -> None:
+    """Apply libnftables JSON ``commands`` as one transaction; :class:`NftError` on failure."""
+    rc, _, err = context().json_cmd({"nftables": list(commands)})
+    if rc != 0:
+        raise error(err)
+
+
+def list_table(family: str, name: str) -> list[dict[str, Any]] | None:
+    """The JSON objects (chains, sets, rules, …) of ``table <family> <name>`` in the calling
+    thread's namespace, or ``None`` when there is no such table. For small tables of one owner
+    (it lists every element of every set in the table)."""
+    rc, out, err = context().json_cmd({"nftables": [{"list": {"table": {"family": family, "name": name}}}]})
+    if rc != 0:
+        found = error(err)
+        if isinstance(found, NftNotFound):
+            return None
+        raise found
+    return [obj for obj in (out or {}).get("nftables", ()) if "metainfo" not in obj]
