@@ -101,10 +101,11 @@ def _describe(result: AnyResult) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Also print each ADD result as JSON.")
 def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     """Run the embedded default network over two throwaway containers and prove it works."""
-    from .. import netns, probes
+    from .. import netns
     from ..runtime import Runtime
     from ..runtime_conf import RuntimeConf
     from ..sdk import builtin_plugin
+    from ..testing import probes
     from ..types import convert
 
     steps = _Steps()

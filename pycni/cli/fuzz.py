@@ -1,4 +1,4 @@
-"""``pycni fuzz``: a CNI plugin executable against the CNI contract (see :mod:`pycni.fuzz`).
+"""``pycni fuzz``: a CNI plugin executable against the CNI contract (see :mod:`pycni.testing.fuzz`).
 
 hypothesis and pyroute2 are imported only when the command runs, so ``pycni --help`` stays fast.
 """
@@ -59,7 +59,7 @@ def fuzz(
     if os.geteuid() != 0:
         raise click.UsageError("pycni fuzz needs root: it creates network namespaces (and touches nothing else)")
     try:
-        from .. import fuzz as engine
+        from ..testing import fuzz as engine
     except ImportError as e:
         raise click.UsageError(str(e)) from None
     plugin = os.path.abspath(plugin)

@@ -8,7 +8,7 @@ import re
 import time
 from typing import Any
 
-from pycni import probes
+from pycni.testing import probes
 
 from .sandbox import Interactive, Sandbox
 

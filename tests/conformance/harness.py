@@ -26,11 +26,12 @@ from typing import Any
 
 import attrs
 
-from pycni import netns, probes
+from pycni import netns
 from pycni.config import NetworkConfigList, conflist_from_bytes
 from pycni.nomad.conflist import NomadBridgeConfig, bridge_conflist
 from pycni.runtime import Runtime
 from pycni.runtime_conf import RuntimeConf
+from pycni.testing import probes
 from pycni.types import AnyResult
 from tests.conftest import REFERENCE_PLUGIN_DIR
 

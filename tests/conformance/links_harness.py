@@ -17,12 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pycni import netns, probes
+from pycni import netns
 from pycni.config import conflist_from_bytes
 from pycni.runtime import Runtime
 from pycni.runtime_conf import RuntimeConf
 from pycni.sdk import PluginRequest, builtin_plugin
 from pycni.sdk.invoke import exec_plugin
+from pycni.testing import probes
 from pycni.types import AnyResult
 from pycni_plugins import install
 from tests.conftest import REFERENCE_PLUGIN_DIR, TEST_NS_PREFIX

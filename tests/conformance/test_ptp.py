@@ -13,7 +13,8 @@ import re
 
 import pytest
 
-from pycni import netns, probes
+from pycni import netns
+from pycni.testing import probes
 from tests.helpers.slow import scaled
 
 from .harness import OUTSIDE, OUTSIDE_PORT, _wire_outside

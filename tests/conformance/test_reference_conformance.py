@@ -29,8 +29,8 @@ from typing import Any
 import attrs
 import pytest
 
-from pycni import probes
 from pycni.errors import CNIError
+from pycni.testing import probes
 
 from .harness import CONTAINER_PORT, HOST_PORT, World, behaviour, expected_behaviour
 from .twins import differences

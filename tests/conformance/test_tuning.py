@@ -325,10 +325,10 @@ def _podman_conflist(data_dir: str) -> bytes:
 
 @pytest.mark.parametrize("backend", ["inprocess", "exec"])
 def test_podmans_default_conflist_runs_on_pycnis_plugins(make_netns, tmp_path, pycni_bindir, backend, monkeypatch):
-    from pycni import probes
     from pycni.config import conflist_from_bytes
     from pycni.runtime import Runtime
     from pycni.runtime_conf import RuntimeConf
+    from pycni.testing import probes
 
     monkeypatch.setenv("PYCNI_STATE_DIR", str(tmp_path / "state"))
     host, ctr = make_netns("host"), make_netns("c")

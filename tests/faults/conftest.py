@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from pycni import netns, probes
+from pycni import netns
 from pycni.config import NetworkConfigList, conflist_from_bytes
 from pycni.runtime import Runtime
 from pycni.runtime_conf import RuntimeConf
+from pycni.testing import probes
 from tests.helpers.kernel import links
 from tests.helpers.slow import scaled
 

@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from pycni import netns, probes
+from pycni import netns
+from pycni.testing import probes
 from tests.faults.test_crash_points import ADD_FAILPOINTS as ADD_POINTS
 from tests.faults.test_crash_points import DEL_FAILPOINTS as DEL_POINTS
 from tests.helpers.kernel import links

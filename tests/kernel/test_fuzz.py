@@ -193,7 +193,8 @@ def test_link_plugin_configs_name_the_link_each_fuzz_host_has(plugin_type):
     example's host namespace (without it every "valid" ADD failed before doing anything)."""
     from hypothesis import given, settings
 
-    from pycni import fuzz, strategies
+    from pycni.testing import strategies
+    from pycni.testing.fuzz.world import throwaway_world
     from tests.helpers.kernel import links
 
     @settings(max_examples=10, deadline=None, database=None)
@@ -202,7 +203,7 @@ def test_link_plugin_configs_name_the_link_each_fuzz_host_has(plugin_type):
         assert conf.get("master", conf.get("device")) == strategies.HOST_LINK
 
     named()
-    with fuzz._world(0) as world:
+    with throwaway_world(0) as world:
         # operstate UP (the kernel reports it a moment after the carrier): its peer is up, so
         # IPv6 DAD runs on what is made of it
         deadline = time.monotonic() + 5

@@ -12,11 +12,11 @@ import os
 
 import pytest
 
-from pycni import probes
 from pycni.config import conflist_from_bytes
 from pycni.errors import PluginError
 from pycni.runtime import Runtime
 from pycni.runtime_conf import RuntimeConf
+from pycni.testing import probes
 from tests.conftest import REFERENCE_PLUGIN_DIR
 from tests.helpers.kernel import links, nft_ruleset
 

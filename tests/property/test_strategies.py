@@ -1,4 +1,4 @@
-"""pycni.strategies gives what it says: valid values are accepted by pycni's own parsers and
+"""pycni.testing.strategies gives what it says: valid values are accepted by pycni's own parsers and
 plugins, hostile ones are rejected cleanly, and the module explains itself without hypothesis."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pycni import strategies as cs
 from pycni.config import conf_from_bytes, conflist_from_bytes
 from pycni.errors import CNIError, ConfigError, ResultError
 from pycni.sdk import PluginRequest, builtin_plugin, parse_cni_args
+from pycni.testing import strategies as cs
 from pycni.types import parse_result
 
 SETTINGS = settings(max_examples=100, deadline=None, database=None)
@@ -198,11 +198,19 @@ def test_capability_args_are_what_the_builtin_plugins_accept(caps):
         )
 
 
-def test_import_without_hypothesis_says_how_to_install_it():
-    code = "import sys; sys.modules['hypothesis'] = None\nimport pycni.strategies"
+@pytest.mark.parametrize("module", ["pycni.testing.strategies", "pycni.strategies"])
+def test_import_without_hypothesis_says_how_to_install_it(module):
+    code = f"import sys; sys.modules['hypothesis'] = None\nimport {module}"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 1
     assert (
-        "ImportError: pycni.strategies needs hypothesis, which is not installed: pip install 'pycni[fuzz]'"
+        "ImportError: pycni.testing.strategies needs hypothesis, which is not installed: pip install 'pycni[fuzz]'"
         in proc.stderr
     )
+
+
+def test_the_first_published_path_is_the_same_module():
+    import pycni.strategies
+
+    assert pycni.strategies.__all__ == cs.__all__
+    assert all(getattr(pycni.strategies, name) is getattr(cs, name) for name in cs.__all__)

@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pycni.strategies import any_results, current_results, results_020, results_040, short_interfaces
+from pycni.testing.strategies import any_results, current_results, results_020, results_040, short_interfaces
 from pycni.types import IPConfig, Result, Route, convert, parse_result
 
 SETTINGS = settings(max_examples=200, deadline=None, database=None)

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pycni.errors import ResultError
-from pycni.strategies import json_values, mutated_results, text_field_mutations
+from pycni.testing.strategies import json_values, mutated_results, text_field_mutations
 from pycni.types import convert, parse_result
 
 SETTINGS = settings(max_examples=200, deadline=None, database=None)

@@ -38,6 +38,18 @@ RUNTIME_INTO_PLUGINS = {
     ("pycni.cli.serve", "pycni_plugins.serve"),
     ("pycni.cli.serve", "pycni_plugins.serve.daemon"),
 }
+#: The test tooling (mock backend, probes, strategies, the fuzzer) sits on top of the runtime:
+#: nothing else in pycni/ imports it but the CLI verbs that are test tools (``demo`` proves
+#: connectivity with the probes, ``fuzz`` runs the fuzzer) and the strategies' first published path.
+INTO_TESTING = {
+    ("pycni.cli.demo", "pycni.testing.probes"),
+    ("pycni.cli.fuzz", "pycni.testing.fuzz"),
+    ("pycni.strategies", "pycni.testing.strategies"),
+}
+#: The kernel libraries, which pycni/ uses only to build and read back test worlds: the test
+#: tooling, the demo, and netns's named throwaway namespaces (for the demo, tests and bench).
+KERNEL_LIBRARIES = ("pyroute2", "nftables")
+KERNEL_USERS = ("pycni.testing", "pycni.cli.demo", "pycni.netns")
 
 
 def _module_name(path: Path) -> str:
@@ -66,9 +78,8 @@ def _resolve(module: str, is_package: bool, level: int, target: str | None) -> s
     return ".".join(base + ([target] if target else []))
 
 
-def imports_in(module: str, source: str, *, is_package: bool = False) -> frozenset[str]:
-    """The pycni/pycni_plugins modules ``source`` (module ``module``) imports, at any depth."""
-    out: set[str] = set()
+def _import_nodes(source: str) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement of ``source`` that runs, at any depth."""
     tree = ast.parse(source)
     # Imports under ``if TYPE_CHECKING:`` never run: annotations only, no dependency.
     type_only = {
@@ -79,8 +90,14 @@ def imports_in(module: str, source: str, *, is_package: bool = False) -> frozens
         for inner in ast.walk(stmt)
     }
     for node in ast.walk(tree):
-        if id(node) in type_only:
-            continue
+        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in type_only:
+            yield node
+
+
+def imports_in(module: str, source: str, *, is_package: bool = False) -> frozenset[str]:
+    """The pycni/pycni_plugins modules ``source`` (module ``module``) imports, at any depth."""
+    out: set[str] = set()
+    for node in _import_nodes(source):
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -102,6 +119,18 @@ def imports(module: str) -> frozenset[str]:
     return imports_in(module, path.read_text(), is_package=path.name == "__init__.py")
 
 
+@cache
+def outside_imports(module: str) -> frozenset[str]:
+    """The top-level names of the packages outside pycni that ``module`` imports, at any depth."""
+    out = set()
+    for node in _import_nodes(modules()[module].read_text()):
+        if isinstance(node, ast.Import):
+            out |= {alias.name.partition(".")[0] for alias in node.names}
+        elif node.level == 0 and node.module:
+            out.add(node.module.partition(".")[0])
+    return frozenset(out)
+
+
 def _within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(p + ".") for p in prefixes)
 
@@ -117,6 +146,7 @@ def test_the_graph_is_really_read() -> None:
     assert "pycni.sdk.invoke" in imports("pycni.sdk.plugin")
     assert "pycni.sdk" in imports("pycni_plugins.bridge")
     assert "pycni.sdk.hooks" in imports("pycni.cli.nomad")  # a function-level import
+    assert "pyroute2" in outside_imports("pycni.testing.fuzz.world")  # function-level too
     assert len(modules()) > 60
 
 
@@ -137,6 +167,22 @@ def test_plugins_import_the_sdk_and_the_types_never_the_runtime() -> None:
 def test_nothing_in_pycni_imports_the_plugins_but_the_plugins_cli() -> None:
     bad = {(m, t) for m, t in _edges() if _within(m, ("pycni",)) and _within(t, ("pycni_plugins",))}
     assert bad <= RUNTIME_INTO_PLUGINS
+
+
+def test_the_runtime_never_imports_the_test_tooling() -> None:
+    # The runtime core (runtime, backends, cache, config, client, sdk, nomad, ...) included.
+    bad = {(m, t) for m, t in _edges() if not _within(m, ("pycni.testing",)) and _within(t, ("pycni.testing",))}
+    assert bad <= INTO_TESTING
+
+
+def test_pycni_uses_the_kernel_libraries_only_to_make_test_worlds() -> None:
+    bad = [
+        (m, lib)
+        for m in modules()
+        if _within(m, ("pycni",)) and not _within(m, KERNEL_USERS)
+        for lib in outside_imports(m) & set(KERNEL_LIBRARIES)
+    ]
+    assert bad == []
 
 
 def test_types_and_leaves_import_nothing_above_them() -> None:

@@ -22,11 +22,11 @@ from typing import Any
 
 import attrs
 
-from . import _json
-from .errors import CNIError, PluginError
-from .sdk import PluginRequest
-from .sdk.invoke import VersionInfo
-from .version import CURRENT, SUPPORTED
+from .. import _json
+from ..errors import CNIError, PluginError
+from ..sdk import PluginRequest
+from ..sdk.invoke import VersionInfo
+from ..version import CURRENT, SUPPORTED
 
 __all__ = ["MockBackend", "PluginCall", "Handler", "passthrough"]
 

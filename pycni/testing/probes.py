@@ -14,7 +14,7 @@ import struct
 import threading
 import time
 
-from . import netns
+from .. import netns
 
 __all__ = ["TCPEchoServer", "tcp_echo", "ping"]
 
