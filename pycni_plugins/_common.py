@@ -250,7 +250,7 @@ def gc_veths(
 ) -> GCReport:
     """GC of a plugin that gives each attachment a host veth (bridge, ptp), for the attachments
     of its network not in ``cni.dev/valid-attachments``: their links and records
-    (``collect_links``, :meth:`.kernel.owned.LinkRecords.collect`), their nftables elements
+    (``collect_links``, :meth:`.kernel.owned.VethRecords.collect`), their nftables elements
     (``collect_nft(valid, dry_run)``), then the IPAM plugin's GC. Every step runs; their
     failures are raised together, with what was removed as details. ``pycni.dev/dry-run`` only
     reports."""

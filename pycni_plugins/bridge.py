@@ -81,7 +81,6 @@ __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 DEFAULT_BRIDGE = "cni0"
 _MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
 _NO_PREV = "Required prevResult missing"
-#: Per attachment: ``{"attachment", "bridge", "bridge_mac", "host"}`` (see the module docstring).
 _NFT_OWNERS = ("masq", "spoofchk")
 
 
@@ -290,7 +289,7 @@ class BridgePlugin(Plugin):
     ) -> Result:
         att = attachment(request)
         store = _links(request)
-        store.begin_veth(att, undo, bridge=conf.bridge)
+        store.begin(owned.VethRecord(att, bridge=conf.bridge), undo)
         try:
             # A bridge someone deleted comes back with the MAC the attachments' results report.
             mac = _remembered_mac(store, conf.bridge) if links.ifindex(conf.bridge) is None else None
@@ -312,8 +311,7 @@ class BridgePlugin(Plugin):
         container_mac = conf.mac or links.random_mac()
 
         def record(host_name: str, attempt: int) -> None:
-            entry = {"attachment": attrs.asdict(att), "bridge": conf.bridge, "bridge_mac": br.mac, "host": host_name}
-            store.store(att.key, entry)
+            store.put(owned.VethRecord(att, host_name, conf.bridge, br.mac))
             if attempt == 0:
                 failpoint("bridge.add.after-record")
 
@@ -353,18 +351,18 @@ class BridgePlugin(Plugin):
                 result = attrs.evolve(result, interfaces=[Interface(br.name, final_br.mac), *result.interfaces[1:]])
         return result
 
-    def _reattach(self, ipr: Any, conf: BridgeConfig, br: links.Link, network: str, store: owned.LinkRecords) -> None:
+    def _reattach(self, ipr: Any, conf: BridgeConfig, br: links.Link, network: str, store: owned.VethRecords) -> None:
         """The bridge was deleted behind our back and has just been re-created: enslave again the
         host veths of the attachments recorded on it that are still there and masterless."""
-        for record in _records(store):
-            if record.get("bridge") != conf.bridge or not isinstance(record.get("host"), str):
+        for record in store.records():
+            if record.bridge != conf.bridge or record.host is None:
                 continue
-            link = links.get_link(ipr, record["host"])
+            link = links.get_link(ipr, record.host)
             if link is None or link.kind != "veth" or link.master:
                 continue
             with contextlib.suppress(links.LinkError):
                 links.set_master(ipr, link.index, br.index)
-                if record.get("attachment", {}).get("network") == network:
+                if record.attachment.network == network:
                     self._setup_port(ipr, conf, link.name)
 
     def _setup_port(self, ipr: Any, conf: BridgeConfig, name: str) -> None:
@@ -480,25 +478,16 @@ class BridgePlugin(Plugin):
             delegate(request, conf.ipam_type, "STATUS")
 
 
-def _links(request: PluginRequest) -> owned.LinkRecords:
-    return owned.LinkRecords("bridge", request.state_dir)
+def _links(request: PluginRequest) -> owned.VethRecords:
+    return owned.VethRecords("bridge", request.state_dir)
 
 
-def _records(store: owned.LinkRecords) -> list[dict[str, Any]]:
-    out = []
-    for name in store.names():
-        record = store.load(name)
-        if isinstance(record, dict):
-            out.append(record)
-    return out
-
-
-def _remembered_mac(store: owned.LinkRecords, bridge: str) -> str | None:
+def _remembered_mac(store: owned.VethRecords, bridge: str) -> str | None:
     """The MAC a deleted bridge had, from its attachments' records (O(records): only when the
     bridge has to be created)."""
-    for record in _records(store):
-        mac = record.get("bridge_mac")
-        if record.get("bridge") == bridge and isinstance(mac, str) and _MAC.fullmatch(mac):
+    for record in store.records():
+        mac = record.bridge_mac
+        if record.bridge == bridge and mac is not None and _MAC.fullmatch(mac):
             return mac
     return None
 

@@ -65,8 +65,6 @@ from .kernel import ifconfig, layout, links, nft, owned, sysctl
 
 __all__ = ["PtpConfig", "PtpPlugin", "load_config"]
 
-#: Per attachment: ``{"attachment", "host"}`` (the host veth's name; see :mod:`.kernel.owned`).
-
 
 @attrs.frozen
 class PtpConfig:
@@ -136,8 +134,8 @@ def _check_container(iface: Interface, ifname: str, prev: Result) -> None:
 # --- the plugin -------------------------------------------------------------------------------
 
 
-def _links(request: PluginRequest) -> owned.LinkRecords:
-    return owned.LinkRecords("ptp", request.state_dir)
+def _links(request: PluginRequest) -> owned.VethRecords:
+    return owned.VethRecords("ptp", request.state_dir)
 
 
 class PtpPlugin(Plugin):
@@ -156,7 +154,7 @@ class PtpPlugin(Plugin):
     def _add(self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]) -> Result:
         att = attachment(request)
         store = _links(request)
-        store.begin_veth(att, undo)
+        store.begin(owned.VethRecord(att), undo)
         raw = delegate(request, conf.ipam_type, "ADD")
         # Only now: a refused IPAM ADD leased nothing, and its DEL would free another ADD's lease.
         undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
@@ -175,7 +173,7 @@ class PtpPlugin(Plugin):
         container_mac = links.random_mac()
 
         def record(host_name: str, attempt: int) -> None:
-            store.store(att.key, {"attachment": attrs.asdict(att), "host": host_name})
+            store.put(owned.VethRecord(att, host_name))
 
         host_name, host_mac = add_veth(ipr, request, fd, container_mac, conf.mtu, None, record)
         undo.append(lambda: links.delete_link(host_name))
