@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -14,12 +12,8 @@ from pycni.errors import CNIError, ErrorCode
 from pycni.sdk import Attachment, GCAttachment, GCReport, PluginRequest, delegate, ifname_problem
 from pycni.types import Result, convert, parse_result
 
-from .kernel import links, nft
-
 __all__ = [
     "fail",
-    "add_with_undo",
-    "add_veth",
     "in_netns",
     "open_container",
     "netns_gone",
@@ -35,12 +29,10 @@ __all__ = [
     "valid_attachments",
     "gc_report",
     "finish_gc",
-    "gc_veths",
     "nftables_status",
 ]
 
 _CURRENT = "1.1.0"
-VETH_RETRIES = 10
 #: GC stdin key (pycni extension): report what would be collected, change nothing.
 DRY_RUN_KEY = "pycni.dev/dry-run"
 T = TypeVar("T")
@@ -66,68 +58,6 @@ def open_container(request: PluginRequest) -> int:
         return netns.open_netns(request.netns)
     except netns.NetnsError as e:
         raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
-
-
-def add_with_undo(
-    request: PluginRequest, body: Callable[[Any, int, list[Callable[[], Any]]], Result]
-) -> dict[str, Any]:
-    """An interface plugin's ADD: ``body(ipr, netns_fd, undo)`` runs with the container's netns
-    open and one netlink socket; on any failure the steps it registered in ``undo`` run in
-    reverse (each failure suppressed), so a failed ADD leaves only what a DEL would clean."""
-    fd = open_container(request)
-    undo: list[Callable[[], Any]] = []
-    try:
-        with links.iproute() as ipr:
-            result = body(ipr, fd, undo)
-    except BaseException as e:
-        for step in reversed(undo):
-            with contextlib.suppress(Exception):
-                step()
-        if isinstance(e, links.LinkError):
-            raise fail(str(e)) from e
-        raise
-    finally:
-        os.close(fd)
-    return emit(result, request)
-
-
-def add_veth(
-    ipr: Any,
-    request: PluginRequest,
-    fd: int,
-    container_mac: str,
-    mtu: int,
-    master: int | None,
-    record: Callable[[str, int], None],
-) -> tuple[str, str]:
-    """A veth whose container end is ``request.ifname`` in the namespace ``fd``, its host end a
-    random name (another one on a clash) with a random MAC; returns the host end's name and MAC.
-    ``record(host_name, attempt)`` runs before each attempt, so that a crash right after leaves
-    no veth nobody can map."""
-    host_mac = links.random_mac()
-    for attempt in range(VETH_RETRIES):
-        host_name = links.random_veth_name()
-        record(host_name, attempt)
-        try:
-            links.add_veth(
-                ipr,
-                host_name,
-                host_mac,
-                peer_name=request.ifname,
-                peer_netns_fd=fd,
-                peer_mac=container_mac,
-                mtu=mtu,
-                master=master,
-            )
-            return host_name, host_mac
-        except links.LinkError as e:
-            if e.errno != errno.EEXIST:
-                raise fail(f"failed to make veth pair: {e.strerror}") from e
-            if links.ifindex(host_name) is None:
-                raise fail(
-                    f'container veth name ("{request.ifname}") peer provided ("{host_name}") already exists'
-                ) from e
-    raise fail(f"failed to find a free veth name after {VETH_RETRIES} attempts")
 
 
 def netns_gone(e: BaseException) -> bool:
@@ -240,31 +170,6 @@ def valid_attachments(request: PluginRequest) -> set[tuple[str, str]]:
 def gc_report(removed: list[str]) -> GCReport:
     """What a built-in plugin's ``gc`` returns (pycni extension; an exec'd plugin prints nothing)."""
     return GCReport(tuple(removed))
-
-
-def gc_veths(
-    request: PluginRequest,
-    collect_links: Callable[[str, set[str], bool, list[str], list[str]], None],
-    collect_nft: Callable[[set[tuple[str, str]], bool], list[str]],
-    ipam_type: str,
-) -> GCReport:
-    """GC of a plugin that gives each attachment a host veth (bridge, ptp), for the attachments
-    of its network not in ``cni.dev/valid-attachments``: their links and records
-    (``collect_links``, :meth:`.kernel.owned.LinkRecords.collect`), their nftables elements
-    (``collect_nft(valid, dry_run)``), then the IPAM plugin's GC. Every step runs; their
-    failures are raised together, with what was removed as details. ``pycni.dev/dry-run`` only
-    reports."""
-    valid = valid_attachments(request)
-    dry = dry_run(request)
-    network = request.network_name
-    removed: list[str] = []
-    errors: list[str] = []
-    collect_links(network, {Attachment(network, cid, ifname).key for cid, ifname in valid}, dry, removed, errors)
-    try:
-        removed += collect_nft(valid, dry)
-    except nft.NftError as e:
-        errors.append(f"failed to collect nftables elements: {e.msg}")
-    return finish_gc(request, ipam_type, removed, errors)
 
 
 def finish_gc(request: PluginRequest, ipam_type: str, removed: list[str], errors: list[str]) -> GCReport:

@@ -278,7 +278,7 @@ def delete(request: PluginRequest, kind: str, ipam_type: str) -> None:
     owned.LinkRecords(kind, request.state_dir).remove(attachment(request).key)
 
 
-def _release(fd: int, link: links.Link, record: dict[str, Any]) -> None:
+def _release(fd: int, link: links.Link, record: owned.LinkRecord) -> None:
     netns.run_in(fd, _delete_index, link.index, link.mac)
 
 

@@ -46,10 +46,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import ipaddress
-import os
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -61,27 +60,14 @@ from pycni.failpoints import failpoint
 from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate, find_plugin
 from pycni.types import DNS, Interface, IPConfig, Result, Route
 
-from ._common import (
-    Fields,
-    add_veth,
-    add_with_undo,
-    attachment,
-    fail,
-    gc_veths,
-    in_netns,
-    ipam_result,
-    is_link_name,
-    open_container,
-    prev_result,
-)
+from . import _veth
+from ._common import Fields, attachment, fail, in_netns, ipam_result, is_link_name
 from .kernel import ifconfig, layout, links, nft, owned, sysctl
 
 __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 
 DEFAULT_BRIDGE = "cni0"
 _MAC = re.compile(r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}")
-_NO_PREV = "Required prevResult missing"
-#: Per attachment: ``{"attachment", "bridge", "bridge_mac", "host"}`` (see the module docstring).
 _NFT_OWNERS = ("masq", "spoofchk")
 
 
@@ -283,17 +269,14 @@ class BridgePlugin(Plugin):
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
         conf = load_config(request)
-        return add_with_undo(request, lambda ipr, fd, undo: self._add(request, conf, ipr, fd, undo))
+        record = owned.VethRecord(attachment(request), bridge=conf.bridge)
+        return _veth.add(request, self.type, record, lambda a: self._add(request, conf, a))
 
-    def _add(
-        self, request: PluginRequest, conf: BridgeConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]
-    ) -> Result:
-        att = attachment(request)
-        store = _links(request)
-        store.begin_veth(att, undo, bridge=conf.bridge)
+    def _add(self, request: PluginRequest, conf: BridgeConfig, a: _veth.VethAdd) -> Result:
+        ipr = a.ipr
         try:
             # A bridge someone deleted comes back with the MAC the attachments' results report.
-            mac = _remembered_mac(store, conf.bridge) if links.ifindex(conf.bridge) is None else None
+            mac = _remembered_mac(a.records, conf.bridge) if links.ifindex(conf.bridge) is None else None
             br, created = links.ensure_bridge(
                 ipr, conf.bridge, mtu=conf.mtu, vlan_filtering=bool(conf.vlan or conf.vlan_trunk), mac=mac
             )
@@ -305,20 +288,18 @@ class BridgePlugin(Plugin):
         if not br.up:
             links.set_up(ipr, br.index)
         if created and mac is not None:
-            self._reattach(ipr, conf, br, att.network, store)
+            self._reattach(ipr, conf, br, request.network_name, a.records)
         failpoint("bridge.add.after-bridge")
         # Both ends get their MAC here: the result needs no read-back, and udev's
         # MACAddressPolicy=persistent leaves an explicitly set host-side MAC alone.
         container_mac = conf.mac or links.random_mac()
-
-        def record(host_name: str, attempt: int) -> None:
-            entry = {"attachment": attrs.asdict(att), "bridge": conf.bridge, "bridge_mac": br.mac, "host": host_name}
-            store.store(att.key, entry)
-            if attempt == 0:
-                failpoint("bridge.add.after-record")
-
-        host_name, host_mac = add_veth(ipr, request, fd, container_mac, conf.mtu, br.index, record)
-        undo.append(lambda: links.delete_link(host_name))
+        host_name, host_mac = a.create(
+            container_mac,
+            conf.mtu,
+            br.index,
+            bridge_mac=br.mac,
+            after_record=lambda: failpoint("bridge.add.after-record"),
+        )
         failpoint("bridge.add.after-veth")
         _quiet_sysctl(f"net/ipv6/conf/{host_name}/accept_ra", 0)
         try:
@@ -326,7 +307,8 @@ class BridgePlugin(Plugin):
         except links.LinkError as e:
             raise fail(f'failed to setup port "{host_name}" of bridge {conf.bridge}: {e.strerror}') from e
         if conf.macspoofchk:
-            undo.append(lambda: nft.release("spoofchk", att, state_dir=request.state_dir))
+            att = a.record.attachment
+            a.undo.append(lambda: nft.release("spoofchk", att, state_dir=request.state_dir))
             nft.apply(
                 "spoofchk",
                 att,
@@ -338,9 +320,9 @@ class BridgePlugin(Plugin):
         container = Interface(request.ifname, container_mac, sandbox=request.netns)
         result = Result("1.1.0", [Interface(br.name, br.mac), Interface(host_name, host_mac), container])
         if conf.ipam_type:
-            result = self._add_l3(request, conf, ipr, fd, br, result, undo)
+            result = self._add_l3(request, conf, a, br, result)
         elif not conf.disable_container_interface:
-            netns.run_in(fd, _container_up, request.ifname)
+            netns.run_in(a.fd, _container_up, request.ifname)
         if not conf.disable_container_interface:
             state = links.wait_oper_up(ipr, host_name)
             if state != "UP":
@@ -353,18 +335,18 @@ class BridgePlugin(Plugin):
                 result = attrs.evolve(result, interfaces=[Interface(br.name, final_br.mac), *result.interfaces[1:]])
         return result
 
-    def _reattach(self, ipr: Any, conf: BridgeConfig, br: links.Link, network: str, store: owned.LinkRecords) -> None:
+    def _reattach(self, ipr: Any, conf: BridgeConfig, br: links.Link, network: str, store: owned.VethRecords) -> None:
         """The bridge was deleted behind our back and has just been re-created: enslave again the
         host veths of the attachments recorded on it that are still there and masterless."""
-        for record in _records(store):
-            if record.get("bridge") != conf.bridge or not isinstance(record.get("host"), str):
+        for record in store.records():
+            if record.bridge != conf.bridge or record.host is None:
                 continue
-            link = links.get_link(ipr, record["host"])
+            link = links.get_link(ipr, record.host)
             if link is None or link.kind != "veth" or link.master:
                 continue
             with contextlib.suppress(links.LinkError):
                 links.set_master(ipr, link.index, br.index)
-                if record.get("attachment", {}).get("network") == network:
+                if record.attachment.network == network:
                     self._setup_port(ipr, conf, link.name)
 
     def _setup_port(self, ipr: Any, conf: BridgeConfig, name: str) -> None:
@@ -379,77 +361,46 @@ class BridgePlugin(Plugin):
             links.set_port_vlans(ipr, index, pvid=pvid, tagged=conf.vlan_trunk, keep_default=conf.preserve_default_vlan)
 
     def _add_l3(
-        self,
-        request: PluginRequest,
-        conf: BridgeConfig,
-        ipr: Any,
-        fd: int,
-        br: links.Link,
-        result: Result,
-        undo: list[Callable[[], Any]],
+        self, request: PluginRequest, conf: BridgeConfig, a: _veth.VethAdd, br: links.Link, result: Result
     ) -> Result:
         raw = delegate(request, conf.ipam_type, "ADD")
         # Only now: a refused IPAM ADD ("duplicate allocation") leased nothing, and its DEL
         # would release what another ADD of this attachment holds.
-        undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
+        a.undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
         failpoint("bridge.add.after-ipam")
         ipam = ipam_result(raw, request)
         if not ipam.ips:
             raise fail("IPAM plugin returned missing IP config")
         ips, routes, bridge_addrs = _gateways(conf, ipam)
         result = attrs.evolve(result, ips=ips, routes=routes, dns=conf.dns if conf.dns is not None else ipam.dns)
-        netns.run_in(fd, _configure_container, request.ifname, result, conf.enable_dad)
+        netns.run_in(a.fd, _configure_container, request.ifname, result, conf.enable_dad)
         failpoint("bridge.add.after-container")
         if bridge_addrs:
             for addr in bridge_addrs:
-                _ensure_gateway_addr(ipr, br, addr, conf.force_address)
+                _ensure_gateway_addr(a.ipr, br, addr, conf.force_address)
             with contextlib.suppress(links.LinkError):
-                links.set_mac(ipr, br.index, br.mac)
-            for version in sorted({a.version for a in bridge_addrs}):
-                name = "net/ipv4/ip_forward" if version == 4 else "net/ipv6/conf/all/forwarding"
-                try:
-                    sysctl.ensure(name, 1)
-                except OSError as e:
-                    raise fail(f"failed to enable forwarding: {e.strerror}") from e
+                links.set_mac(a.ipr, br.index, br.mac)
+            _veth.enable_forwarding((addr.version for addr in bridge_addrs), "failed to enable forwarding")
             failpoint("bridge.add.after-gateway")
         if conf.ip_masq:
-            att = attachment(request)
-            undo.append(lambda: nft.release("masq", att, state_dir=request.state_dir))
-            sections = [layout.MASQ, *{layout.masq_subnet(ip.address.network) for ip in ips}]
-            try:
-                nft.apply(
-                    "masq", att, [layout.masq_element(ip.address) for ip in ips], sections, state_dir=request.state_dir
-                )
-            except nft.NftError as e:
-                raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
+            a.masquerade(ips)
             failpoint("bridge.add.after-masq")
         return result
 
     def delete(self, request: PluginRequest) -> None:
-        conf = load_config(request)
-        att = attachment(request)
-        # Only what the attachment's record says it made (see kernel.owned): a failed ADD's
-        # record names no veth, and an eth0 it did not make is kept.
-        store = _links(request)
-        store.delete(att, request.netns, request.ifname)
-        failpoint("bridge.del.after-link")
-        # nftables state first: it comes from the attachment's records, needs neither the
-        # netns nor the link, and must not stay behind when IPAM DEL fails.
-        nft.release("spoofchk", att, state_dir=request.state_dir)
-        nft.release("masq", att, state_dir=request.state_dir)
-        failpoint("bridge.del.after-nft")
-        if conf.ipam_type:
-            delegate(request, conf.ipam_type, "DEL")
-            failpoint("bridge.del.after-ipam")
-        store.remove(att.key)
+        _veth.delete(
+            request,
+            self.type,
+            load_config(request).ipam_type,
+            ("spoofchk", "masq"),
+            after_link=lambda: failpoint("bridge.del.after-link"),
+            after_nft=lambda: failpoint("bridge.del.after-nft"),
+            after_ipam=lambda: failpoint("bridge.del.after-ipam"),
+        )
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request)
-        os.close(open_container(request))
-        delegate(request, conf.ipam_type, "CHECK")
-        prev = prev_result(request)
-        if prev is None:
-            raise fail(_NO_PREV)
+        prev = _veth.check_start(request, conf.ipam_type, "Required prevResult missing")
         host_veth = _check(request, conf, prev)
         _check_nft(request, conf, prev, host_veth)
 
@@ -472,39 +423,20 @@ class BridgePlugin(Plugin):
                 dry_run=dry,
             )
 
-        return gc_veths(request, _links(request).collect, collect_nft, conf.ipam_type)
+        return _veth.gc(request, self.type, conf.ipam_type, collect_nft)
 
     def status(self, request: PluginRequest) -> None:
-        conf = load_config(request)
-        if conf.ipam_type:
-            delegate(request, conf.ipam_type, "STATUS")
+        _veth.status(request, load_config(request).ipam_type)
 
 
-def _links(request: PluginRequest) -> owned.LinkRecords:
-    return owned.LinkRecords("bridge", request.state_dir)
-
-
-def _records(store: owned.LinkRecords) -> list[dict[str, Any]]:
-    out = []
-    for name in store.names():
-        record = store.load(name)
-        if isinstance(record, dict):
-            out.append(record)
-    return out
-
-
-def _remembered_mac(store: owned.LinkRecords, bridge: str) -> str | None:
+def _remembered_mac(store: owned.VethRecords, bridge: str) -> str | None:
     """The MAC a deleted bridge had, from its attachments' records (O(records): only when the
     bridge has to be created)."""
-    for record in _records(store):
-        mac = record.get("bridge_mac")
-        if record.get("bridge") == bridge and isinstance(mac, str) and _MAC.fullmatch(mac):
+    for record in store.records():
+        mac = record.bridge_mac
+        if record.bridge == bridge and mac is not None and _MAC.fullmatch(mac):
             return mac
     return None
-
-
-def _masq_sections(conf: BridgeConfig, ips: Any) -> list[nft.Section]:
-    return [layout.MASQ, *{layout.masq_subnet(ip.address.network) for ip in ips}]
 
 
 def _check_nft(request: PluginRequest, conf: BridgeConfig, prev: Result, host_veth: str) -> None:
@@ -512,9 +444,7 @@ def _check_nft(request: PluginRequest, conf: BridgeConfig, prev: Result, host_ve
     att = attachment(request)
     if conf.ip_masq:
         ips = [ip for ip in prev.ips if ip.interface is None or _is_container(prev, ip.interface, request.ifname)]
-        problem = nft.check(att, [layout.masq_element(ip.address) for ip in ips], _masq_sections(conf, ips))
-        if problem:
-            raise fail(f"ipMasq: {problem}")
+        _veth.check_masquerade(request, ips)
     if conf.macspoofchk:
         ctr = next((i for i in prev.interfaces if i.name == request.ifname and i.sandbox), None)
         if ctr is not None and ctr.mac:
@@ -552,7 +482,8 @@ def _check(request: PluginRequest, conf: BridgeConfig, prev: Result) -> str:
                 )
         ctr = None
         if ctr_iface is not None:
-            ctr = in_netns(request.netns, _check_container, ctr_iface, prev, request.ifname)
+            missing = f"Interface name {ctr_iface.name} not found"
+            ctr = in_netns(request.netns, _veth.check_container, ctr_iface, request.ifname, prev, missing, "veth")
         veth_found = ""
         if ctr is not None and br is not None:
             for iface in prev.interfaces:
@@ -573,16 +504,3 @@ def _check(request: PluginRequest, conf: BridgeConfig, prev: Result) -> str:
     if not veth_found:
         raise fail(f"CNI veth created for bridge {conf.bridge} was not found")
     return veth_found
-
-
-def _check_container(iface: Interface, prev: Result, ifname: str) -> links.Link:
-    with links.iproute() as ipr:
-        link = links.get_link(ipr, iface.name)
-        if link is None:
-            raise fail(f"Interface name {iface.name} not found")
-        if link.kind != "veth":
-            raise fail(f"Error: Container interface {link.name} not of type veth")
-        if iface.mac and iface.mac.lower() != link.mac:
-            raise fail(f"Interface {link.name} Mac {iface.mac} doesn't match container Mac: {link.mac}")
-        ifconfig.check_on_link(ipr, link.index, ifname, prev)
-        return link

@@ -62,7 +62,8 @@ _MAC = re.compile(r"[0-9a-fA-F]{2}([:-])[0-9a-fA-F]{2}(\1[0-9a-fA-F]{2}){4}")
 
 
 def _moved(request: PluginRequest) -> owned.LinkRecords:
-    """Per attachment: ``{"attachment", "link", "device", "addresses", "up"}``, under the request's state dir."""
+    """Per attachment: a :class:`~.kernel.owned.LinkRecord` with the device's host name, addresses
+    and up state (``moved``), under the request's state dir."""
     return owned.LinkRecords("host-device", request.state_dir)
 
 
@@ -237,16 +238,17 @@ def _restore_host(name: str, addresses: list[str], up: bool) -> None:
                 links.add_address(ipr, link.index, ipaddress.ip_interface(addr), exist_ok=True)
 
 
-def _move_back(fd: int, link: links.Link, record: dict[str, Any]) -> None:
+def _move_back(fd: int, link: links.Link, record: owned.LinkRecord | None) -> None:
     """Give container link ``link`` (of namespace ``fd``) back to the calling thread's namespace
     under its recorded host name, with its recorded addresses and up state (see
     :func:`_move_out`, :func:`_restore_host`)."""
+    moved = (record.moved if record is not None else None) or owned.MovedDevice(None)
     host_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        name = netns.run_in(fd, _move_out, link.name, link.index, host_fd, record.get("device"))
+        name = netns.run_in(fd, _move_out, link.name, link.index, host_fd, moved.device)
     finally:
         os.close(host_fd)
-    _restore_host(name, list(record.get("addresses") or ()), bool(record.get("up")))
+    _restore_host(name, list(moved.addresses), moved.up)
 
 
 class HostDevicePlugin(Plugin):
@@ -280,10 +282,10 @@ class HostDevicePlugin(Plugin):
         att = attachment(request)
         _moved(request).begin(att, request.netns, request.ifname)
         device, addrs = _select(conf)
-        moved = {"device": device.name, "addresses": addrs, "up": device.up}
+        moved = owned.MovedDevice(device.name, tuple(addrs), device.up)
         # Named before the move (the kernel keeps its MAC, and its ifindex unless taken there),
         # so a crash right after the move still gives it back; a failed move names none.
-        _moved(request).made(att, fd, request.netns, device, **moved)
+        _moved(request).made(att, fd, request.netns, device, moved)
         try:
             _move_in(device.index, fd, request.ifname, device.name)
         except links.LinkError as e:
@@ -295,7 +297,7 @@ class HostDevicePlugin(Plugin):
             raise fail(f'failed to move link failed to move "{device.name}" to container NS: {e.strerror}') from e
         try:
             link = netns.run_in(fd, _up_in_container, request.ifname)
-            _moved(request).made(att, fd, request.netns, link, **moved)
+            _moved(request).made(att, fd, request.netns, link, moved)
             iface = Interface(request.ifname, link.mac, sandbox=request.netns)
             return _sublink.configure(request, fd, iface, conf.ipam_type, conf.dns, notify=False)
         except BaseException:
@@ -307,10 +309,10 @@ class HostDevicePlugin(Plugin):
     def _give_back(self, request: PluginRequest, fd: int) -> None:
         """Move the device DEL may take (see :meth:`owned.LinkRecords.container_link`) back."""
         att = attachment(request)
-        record = _moved(request).load(att.key)
+        record = _moved(request).record(att.key)
         link = _moved(request).container_link(att, request.netns, request.ifname)
         if link is not None:
-            _move_back(fd, link, record if isinstance(record, dict) else {})
+            _move_back(fd, link, record)
         _moved(request).remove(att.key)
 
     def delete(self, request: PluginRequest) -> None:

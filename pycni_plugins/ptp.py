@@ -38,8 +38,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -49,23 +48,11 @@ from pycni.errors import CNIError
 from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate
 from pycni.types import DNS, Interface, IPConfig, Result
 
-from ._common import (
-    Fields,
-    add_veth,
-    add_with_undo,
-    attachment,
-    fail,
-    gc_veths,
-    in_netns,
-    ipam_result,
-    open_container,
-    prev_result,
-)
-from .kernel import ifconfig, layout, links, nft, owned, sysctl
+from . import _veth
+from ._common import Fields, attachment, fail, in_netns, ipam_result
+from .kernel import ifconfig, links, nft, owned
 
 __all__ = ["PtpConfig", "PtpPlugin", "load_config"]
-
-#: Per attachment: ``{"attachment", "host"}`` (the host veth's name; see :mod:`.kernel.owned`).
 
 
 @attrs.frozen
@@ -121,23 +108,7 @@ def _configure_container(ifname: str, result: Result) -> None:
                 raise fail(f"failed to add route {net} via {ip.gateway} dev {ifname}: {e.strerror}") from e
 
 
-def _check_container(iface: Interface, ifname: str, prev: Result) -> None:
-    with links.iproute() as ipr:
-        link = links.get_link(ipr, iface.name)
-        if link is None:
-            raise fail(f"ptp: Container Interface name in prevResult: {iface.name} not found")
-        if link.kind != "veth":
-            raise fail(f"Error: Container interface {link.name} not of type veth/p2p")
-        if iface.mac and iface.mac.lower() != link.mac:
-            raise fail(f"ptp: Interface {iface.name} Mac {iface.mac} doesn't match container Mac: {link.mac}")
-        ifconfig.check_on_link(ipr, link.index, ifname, prev)
-
-
 # --- the plugin -------------------------------------------------------------------------------
-
-
-def _links(request: PluginRequest) -> owned.LinkRecords:
-    return owned.LinkRecords("ptp", request.state_dir)
 
 
 class PtpPlugin(Plugin):
@@ -151,38 +122,26 @@ class PtpPlugin(Plugin):
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
         conf = load_config(request)
-        return add_with_undo(request, lambda ipr, fd, undo: self._add(request, conf, ipr, fd, undo))
+        record = owned.VethRecord(attachment(request))
+        return _veth.add(request, self.type, record, lambda a: self._add(request, conf, a))
 
-    def _add(self, request: PluginRequest, conf: PtpConfig, ipr: Any, fd: int, undo: list[Callable[[], Any]]) -> Result:
-        att = attachment(request)
-        store = _links(request)
-        store.begin_veth(att, undo)
+    def _add(self, request: PluginRequest, conf: PtpConfig, a: _veth.VethAdd) -> Result:
         raw = delegate(request, conf.ipam_type, "ADD")
         # Only now: a refused IPAM ADD leased nothing, and its DEL would free another ADD's lease.
-        undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
+        a.undo.append(lambda: delegate(request, conf.ipam_type, "DEL"))
         ipam = ipam_result(raw, request)
         if not ipam.ips:
             raise fail("IPAM plugin returned missing IP config")
         for ip in ipam.ips:
             if ip.gateway is None or ip.gateway.version != ip.address.version:
                 raise fail(f"IPAM result has no gateway for {ip.address}: ptp routes through it")
-        for version in sorted({ip.address.version for ip in ipam.ips}):
-            name = "net/ipv4/ip_forward" if version == 4 else "net/ipv6/conf/all/forwarding"
-            try:
-                sysctl.ensure(name, 1)
-            except OSError as e:
-                raise fail(f"Could not enable IP forwarding: {e.strerror}") from e
+        _veth.enable_forwarding((ip.address.version for ip in ipam.ips), "Could not enable IP forwarding")
         container_mac = links.random_mac()
-
-        def record(host_name: str, attempt: int) -> None:
-            store.store(att.key, {"attachment": attrs.asdict(att), "host": host_name})
-
-        host_name, host_mac = add_veth(ipr, request, fd, container_mac, conf.mtu, None, record)
-        undo.append(lambda: links.delete_link(host_name))
+        host_name, host_mac = a.create(container_mac, conf.mtu)
         ips = tuple(IPConfig(ip.address, ip.gateway, 1) for ip in ipam.ips)
         interfaces = [Interface(host_name, host_mac), Interface(request.ifname, container_mac, sandbox=request.netns)]
         result = Result("1.1.0", interfaces, ips, ipam.routes, conf.dns if conf.dns is not None else ipam.dns)
-        netns.run_in(fd, _configure_container, request.ifname, result)
+        netns.run_in(a.fd, _configure_container, request.ifname, result)
         index = links.ifindex(host_name)
         if index is None:
             raise fail(f'failed to lookup "{host_name}": Link not found')
@@ -190,59 +149,33 @@ class PtpPlugin(Plugin):
             prefix = _host_prefix(ip.address.version)
             gw_addr = ipaddress.ip_interface(f"{ip.gateway}/{prefix}")
             try:
-                links.add_address(ipr, index, gw_addr, nodad=gw_addr.version == 6, exist_ok=True)
+                links.add_address(a.ipr, index, gw_addr, nodad=gw_addr.version == 6, exist_ok=True)
             except links.LinkError as e:
                 raise fail(f"failed to add IP addr {gw_addr} to veth: {e.strerror}") from e
             host_route = ipaddress.ip_network(f"{ip.address.ip}/{prefix}")
             try:
-                links.add_route(ipr, index, host_route, None, scope=links.RT_SCOPE_HOST)
+                links.add_route(a.ipr, index, host_route, None, scope=links.RT_SCOPE_HOST)
             except links.LinkError as e:
                 if e.errno != errno.EEXIST:
                     raise fail(f"failed to add route on host: {e.strerror}") from e
         if conf.ip_masq:
-            undo.append(lambda: nft.release("masq", att, state_dir=request.state_dir))
-            try:
-                nft.apply(
-                    "masq",
-                    att,
-                    [layout.masq_element(ip.address) for ip in ips],
-                    _masq_sections(ips),
-                    state_dir=request.state_dir,
-                )
-            except nft.NftError as e:
-                raise fail(f"failed to setup IP masquerade: {e.msg}", e.details) from e
+            a.masquerade(ips)
         return result
 
     def delete(self, request: PluginRequest) -> None:
-        conf = load_config(request)
-        att = attachment(request)
-        # Only what the attachment's record says it made (see kernel.owned): a failed ADD's
-        # record names no veth, and an eth0 it did not make is kept.
-        store = _links(request)
-        store.delete(att, request.netns, request.ifname)
-        nft.release("masq", att, state_dir=request.state_dir)
-        if conf.ipam_type:
-            delegate(request, conf.ipam_type, "DEL")
-        store.remove(att.key)
+        _veth.delete(request, self.type, load_config(request).ipam_type, ("masq",))
 
     def check(self, request: PluginRequest) -> None:
         conf = load_config(request)
-        os.close(open_container(request))
-        delegate(request, conf.ipam_type, "CHECK")
-        prev = prev_result(request)
-        if prev is None:
-            raise fail("ptp: Required prevResult missing")
+        prev = _veth.check_start(request, conf.ipam_type, "ptp: Required prevResult missing")
         ctr = next((i for i in prev.interfaces if i.name == request.ifname and i.sandbox == request.netns), None)
         if ctr is None:
             raise fail(f"Sandbox in prevResult  doesn't match configured netns: {request.netns}")
-        in_netns(request.netns, _check_container, ctr, request.ifname, prev)
+        missing = f"ptp: Container Interface name in prevResult: {ctr.name} not found"
+        in_netns(request.netns, _veth.check_container, ctr, request.ifname, prev, missing, "veth/p2p", "ptp: ")
         if conf.ip_masq:
-            ips = [ip for ip in prev.ips if ip.interface is None or ip.interface == prev.interfaces.index(ctr)]
-            problem = nft.check(
-                attachment(request), [layout.masq_element(ip.address) for ip in ips], _masq_sections(ips)
-            )
-            if problem:
-                raise fail(f"ipMasq: {problem}")
+            index = prev.interfaces.index(ctr)
+            _veth.check_masquerade(request, [ip for ip in prev.ips if ip.interface is None or ip.interface == index])
 
     def gc(self, request: PluginRequest) -> GCReport:
         conf = load_config(request)
@@ -250,13 +183,7 @@ class PtpPlugin(Plugin):
         def collect_nft(valid: set[tuple[str, str]], dry: bool) -> list[str]:
             return nft.collect(request.network_name, valid, ("masq",), state_dir=request.state_dir, dry_run=dry)
 
-        return gc_veths(request, _links(request).collect, collect_nft, conf.ipam_type)
+        return _veth.gc(request, self.type, conf.ipam_type, collect_nft)
 
     def status(self, request: PluginRequest) -> None:
-        conf = load_config(request)
-        if conf.ipam_type:
-            delegate(request, conf.ipam_type, "STATUS")
-
-
-def _masq_sections(ips: Any) -> list[nft.Section]:
-    return [layout.MASQ, *{layout.masq_subnet(ip.address.network) for ip in ips}]
+        _veth.status(request, load_config(request).ipam_type)
