@@ -9,7 +9,9 @@ entries are separated by ``,``; ``name=kill@3`` fires on the third hit. When
 failpoint acts (so a test knows it was reached, and by which process). The check is one dict
 lookup when the variable is unset, so failpoints stay in production code at no cost.
 
-Every failpoint of the runtime and the built-in plugins, in order of execution:
+Every failpoint of the runtime and the built-in plugins, in the order the default chain
+(loopback, bridge with host-local, firewall, portmap) reaches them; ptp's ipMasq reaches the
+``nft.*.masq.*`` ones too (``tests/unit/test_failpoints.py`` checks this list against the code):
 
 * ADD: ``runtime.add.before-plugin`` (per plugin), ``bridge.add.after-bridge``,
   ``bridge.add.after-record``, ``bridge.add.after-veth``, ``nft.apply.spoofchk.after-record``,
@@ -19,10 +21,10 @@ Every failpoint of the runtime and the built-in plugins, in order of execution:
   ``nft.apply.portmap.after-record``, ``portmap.add.after-nft``,
   ``runtime.add.before-cache-write``;
 * DEL: ``runtime.del.before-plugin`` (per plugin), ``nft.release.portmap.after-commit``,
-  ``nft.release.firewall.after-commit``, ``bridge.del.after-container``,
-  ``bridge.del.after-link``, ``nft.release.spoofchk.after-commit``,
-  ``nft.release.masq.after-commit``, ``bridge.del.after-nft``, ``host-local.del.before-release``,
-  ``bridge.del.after-ipam``, ``runtime.del.before-cache-delete``.
+  ``nft.release.firewall.after-commit``, ``bridge.del.after-link``,
+  ``nft.release.spoofchk.after-commit``, ``nft.release.masq.after-commit``,
+  ``bridge.del.after-nft``, ``host-local.del.before-release``, ``bridge.del.after-ipam``,
+  ``runtime.del.before-cache-delete``.
 """
 
 from __future__ import annotations
