@@ -35,6 +35,7 @@ __all__ = [
     "run_in",
     "open_netns",
     "is_netns",
+    "is_netns_fd",
     "bound",
     "identity",
     "create",
@@ -94,14 +95,18 @@ def open_netns(path: str | int) -> int:
         fd = os.dup(path) if isinstance(path, int) else os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
         raise NetnsError(e.errno or errno.EIO, f"failed to open netns {path!r}: {e.strerror}") from None
-    try:
-        kind = fcntl.ioctl(fd, _NS_GET_NSTYPE)
-    except OSError:  # not an nsfs file
-        kind = None
-    if kind != CLONE_NEWNET:
+    if not is_netns_fd(fd):
         os.close(fd)
         raise NetnsError(errno.EINVAL, f"failed to open netns {path!r}: not a network namespace")
     return fd
+
+
+def is_netns_fd(fd: int) -> bool:
+    """Whether the open ``fd`` is a network namespace (``NS_GET_NSTYPE``; any other file: no)."""
+    try:
+        return fcntl.ioctl(fd, _NS_GET_NSTYPE) == CLONE_NEWNET
+    except OSError:  # not an nsfs file
+        return False
 
 
 def is_netns(path: str) -> bool:

@@ -36,7 +36,6 @@ import contextlib
 import contextvars
 import ctypes
 import errno
-import fcntl
 import json
 import logging
 import os
@@ -71,7 +70,6 @@ PING = b"PYCNI?"
 _HEADER = struct.Struct("<6s5I")
 _RESULT = struct.Struct("<cIII")
 _ACCEPTED = struct.Struct("<cBII")
-_NS_GET_NSTYPE = 0xB703
 _CLONE_FS = 0x200
 #: fds one request may carry: own netns, cwd, CNI_NETNS and the caller's few lock fds.
 MAX_FDS = 16
@@ -118,13 +116,6 @@ def _field(text: str, limit: int = 80) -> str:
     if text and len(text) <= limit and text.isprintable() and " " not in text:
         return text
     return repr(text[:limit]) + ("..." if len(text) > limit else "")
-
-
-def _is_netns(fd: int) -> bool:
-    try:
-        return fcntl.ioctl(fd, _NS_GET_NSTYPE) == netns.CLONE_NEWNET
-    except OSError:
-        return False
 
 
 def _is_dir(fd: int) -> bool:
@@ -540,7 +531,8 @@ class Daemon:
         request.has_netns_fd, request.netns_errno = bool(has_fd), netns_errno
         fds = request.fds
         netns_fds = [0, 2] if has_fd else [0]
-        if len(fds) < len(netns_fds) + 1 or not all(_is_netns(fds[i]) for i in netns_fds) or not _is_dir(fds[1]):
+        namespaces = len(fds) >= len(netns_fds) + 1 and all(netns.is_netns_fd(fds[i]) for i in netns_fds)
+        if not namespaces or not _is_dir(fds[1]):
             raise _Fallback("the fds sent are not the network namespaces and working directory expected")
         if (has_fd or netns_errno) and not request.env.get("CNI_NETNS"):
             raise _Fallback("a CNI_NETNS fd without CNI_NETNS")
