@@ -102,11 +102,16 @@ class GCReport:
 
 
 class Plugin:
-    """Base class of in-process plugins. Commands a plugin does not implement succeed.
+    """Base class of in-process plugins.
 
     ``add`` returns the result as a JSON object at the request's ``cniVersion``; ``gc`` may
     return a :class:`GCReport`; the other commands return ``None``. Failures are raised as
     :class:`~pycni.errors.CNIError`.
+
+    Every plugin must implement ``add`` (the spec's one command with a result): the base class's
+    fails with code 999. The other commands succeed by doing nothing unless overridden: a DEL
+    with nothing to delete, a CHECK with nothing to check, a GC with nothing to collect, and a
+    STATUS of a plugin always ready all succeed per the spec.
     """
 
     #: The CNI ``type`` this plugin answers to.
@@ -114,7 +119,7 @@ class Plugin:
     supported_versions: tuple[str, ...] = _version.SUPPORTED
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
-        raise NotImplementedError
+        raise CNIError(f"plugin {self.type or type(self).__name__!r} does not implement ADD", code=ErrorCode.INTERNAL)
 
     def check(self, request: PluginRequest) -> None:
         return None

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from pycni.sdk import builtin_plugin
+import pytest
+
+from pycni.errors import CNIError, ErrorCode
+from pycni.sdk import PluginRequest, builtin_plugin
 from pycni.sdk import plugin as sdk_plugin
 
 
@@ -16,3 +19,18 @@ def test_an_unknown_type_is_none_and_not_remembered():
 
 def test_a_known_type_is_loaded_once():
     assert builtin_plugin("loopback") is builtin_plugin("loopback") is not None
+
+
+class _Minimal(sdk_plugin.Plugin):
+    type = "minimal"
+
+
+def test_an_unimplemented_add_fails_and_the_other_commands_succeed():
+    """ADD has a result, so a plugin must implement it; DEL, CHECK, GC and STATUS that do
+    nothing are correct answers (nothing to delete, check, collect; always ready)."""
+    plugin = _Minimal()
+    with pytest.raises(CNIError, match="'minimal' does not implement ADD") as raised:
+        plugin.handle(PluginRequest("ADD", {"cniVersion": "1.1.0", "name": "n", "type": "minimal"}))
+    assert raised.value.code == ErrorCode.INTERNAL
+    for command in ("DEL", "CHECK", "GC", "STATUS"):
+        assert plugin.handle(PluginRequest(command, {"cniVersion": "1.1.0", "name": "n", "type": "minimal"})) is None
