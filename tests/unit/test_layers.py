@@ -1,4 +1,4 @@
-"""The import layers of docs/DESIGN ("Layers", "The plugin SDK"), checked on the source.
+"""The import layers of docs/ARCHITECTURE.md ("Layers"), checked on the source.
 
 Every ``import`` statement of every module of ``pycni`` and ``pycni_plugins`` counts, those
 inside functions (lazy imports) included: a lazy import is still a dependency, only a later one.
@@ -150,7 +150,7 @@ def test_the_graph_is_really_read() -> None:
     assert len(modules()) > 60
 
 
-def test_the_sdk_depends_only_on_errors_types_json_and_version() -> None:
+def test_the_sdk_depends_only_on_errors_types_json_version_and_netns() -> None:
     bad = [(m, t) for m, t in _edges() if _within(m, ("pycni.sdk",)) and not _within(t, SDK_MAY_IMPORT)]
     assert bad == []
 
