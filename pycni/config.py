@@ -101,10 +101,6 @@ class NetworkConfigList:
     source: str = ""
 
 
-def _where(source: str | None) -> str:
-    return source or "<bytes>"
-
-
 def _decode(data: bytes | str, what: str, source: str | None) -> dict[str, Any]:
     try:
         raw = _json.loads(data)

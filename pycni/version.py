@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
 from .errors import ConfigError, VersionError
@@ -111,7 +110,3 @@ def select_version(cni_version: Any, cni_versions: Any, *, path: str | None = No
     if not candidates:
         return cni_version
     return max(candidates)[1]
-
-
-def sorted_versions(versions: Iterable[str]) -> list[str]:
-    return sorted(set(versions), key=parse)
