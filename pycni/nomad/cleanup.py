@@ -8,7 +8,7 @@ plugins' host rules then leak (Nomad #6385, #18842). This removes, for one ``(ne
     it, and the portmap plugin's ``CNI-DN-<…[:21]>`` chain with its CNI-HOSTPORT-DNAT entry rules;
 (b) pycni's own nftables state for the attachment, through a pluggable ``own_state`` hook.
 
-The network name is a parameter (Nomad hard-codes "nomad": issue #16455). A rule is the alloc's
+The network name is a parameter (Nomad hard-codes "nomad": hashicorp/nomad#16455). A rule is the alloc's
 when it jumps to one of its chains, or when it carries its comment (``name: "<net>" id: "<id>"``)
 and jumps to a ``CNI-<hex>`` chain: iptables-nft 1.8 keeps ``-m comment`` as an opaque xt match
 that nft JSON does not show, so the chain name, which the plugins derive from the same pair, is

@@ -1,6 +1,6 @@
 """A failed ADD, its rollback and a DEL touch only what their own attachment made: another
 attachment's lease, interfaces, ``lo`` and nftables elements stay, and it stays CHECK-clean.
-In-process, and through the CLI with the plugins exec'd as CNI binaries (issue 10, items 1, 5),
+In-process, and through the CLI with the plugins exec'd as CNI binaries (``pycni_plugins.kernel.owned``),
 with each veth-making plugin (bridge, ptp) in the chain. An ADD of an attachment cached in
 another netns is refused by the runtime before any plugin runs, so no rollback DEL reaches the
 attachment that holds it."""

@@ -1,5 +1,5 @@
 """macvlan, ipvlan, vlan and host-device: a failed ADD, its rollback and a DEL take only the
-container link their attachment's record names (issue 10, item 5; ``pycni_plugins.kernel.owned``),
+container link their attachment's record names (the rule of ``pycni_plugins.kernel.owned``),
 never another attachment's ``CNI_IFNAME``; without a record DEL takes ``CNI_IFNAME`` as the
 reference does, unless another attachment's record names it. In-process and through the CLI
 with the plugins exec'd. The masters and the devices host-device moves are veth ends inside the

@@ -76,7 +76,7 @@ def test_version(bindir):
             6,
             None,
         ),
-        # IDs whose cache file name <network>-<id>-<ifname> cannot exist (4100: above the old 4096-byte lease cap)
+        # IDs whose cache file name <network>-<id>-<ifname> cannot exist (4100 bytes: far above a file name's 255)
         (
             {"CNI_COMMAND": "DEL", "CNI_CONTAINERID": "c" * 4100, "CNI_IFNAME": "eth0", "CNI_PATH": "/x"},
             {"name": "n"},

@@ -68,7 +68,7 @@ def test_vlan_check_compares_the_vlan_id_and_mtu():
 
 @pytest.mark.parametrize("name", ["brüüüüüüüüüüüüü", "a" * 16, "..", "br 0", 'br"0', "br\\0", "br/0"])
 def test_bridge_and_vrf_names_follow_the_one_ifname_rule_counting_bytes(name: str) -> None:
-    # 15 characters but 29 bytes: the kernel's limit is bytes (the old check counted characters).
+    # 15 characters but 29 bytes: the kernel's limit is bytes, so counting characters would let it through.
     with pytest.raises(CNIError, match="invalid bridge name"):
         bridge.load_config(_req({"type": "bridge", "bridge": name}))
     with pytest.raises(CNIError, match="invalid vrf name"):
