@@ -49,7 +49,7 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -394,16 +394,20 @@ def judge(
     target: Target,
     bridged: Mapping[int, bool],
     uplinks: Mapping[int, Sequence[str]] | None = None,
+    only: Collection[str] | None = None,
 ) -> list[Finding]:
-    """For each flow of ``target``, the first base chain (in hook priority order) that drops or
-    may drop it. The outside is where ``uplinks`` (by IP version) lead; without them, an
-    interface match naming anything but the target's interface cannot be judged for it."""
+    """For each flow of ``target`` (those named in ``only``), the first base chain (in hook
+    priority order) that drops or may drop it. The outside is where ``uplinks`` (by IP version)
+    lead; without them, an interface match naming anything but the target's interface cannot be
+    judged for it."""
     chains = sorted(
         ((c.priority, i, f, c) for i, f in enumerate(filters) for c in f.base_chains()),
         key=lambda t: (t[0], t[1]),
     )
     out = []
     for flow in flows(target, bridged, uplinks or {}):
+        if only is not None and flow.name not in only:
+            continue
         for _, _, f, chain in chains:
             if f.version and f.version != flow.version:
                 continue
@@ -898,6 +902,7 @@ def uplinks() -> dict[int, tuple[str, ...]]:
     return out
 
 
-def inspect(target: Target) -> list[Finding]:
-    """What of the calling thread's namespace's filtering drops ``target``'s traffic."""
-    return judge(filters(), target, bridged_hooks(), uplinks())
+def inspect(target: Target, only: Collection[str] | None = None) -> list[Finding]:
+    """What of the calling thread's namespace's filtering drops ``target``'s traffic (the flows
+    named in ``only``: ``egress``, ``replies``, ``bridged``, ``inbound``)."""
+    return judge(filters(), target, bridged_hooks(), uplinks(), only)

@@ -195,3 +195,15 @@ def test_admin_rule_text() -> None:
 def test_interface_wildcards(pattern: str, hit: bool) -> None:
     found = hostfw.judge([_nft("accept", [_m("iifname", pattern), {"drop": None}])], NOMAD, NONE, UP)
     assert [f.flow for f in found] == (["egress"] if hit else [])
+
+
+def test_only_the_inbound_flow_when_egress_is_let_through() -> None:
+    egress_only = _nft(
+        "drop",
+        [_m("iifname", "nomad"), ACCEPT],
+        [_m("oifname", "nomad"), _m("state", ["established", "related"], "in", "ct"), ACCEPT],
+    )
+    found = hostfw.judge([egress_only], WITH_PORTS, BOTH, UP, only=("inbound",))
+    assert [(f.flow, f.certain) for f in found] == [("inbound", True)]
+    assert "connections DNAT'd to 198.18.64.0/20 on bridge nomad (host ports 8080/tcp)" in found[0].message
+    assert hostfw.judge([egress_only], WITH_PORTS, BOTH, UP, only=("egress", "replies", "bridged")) == []
