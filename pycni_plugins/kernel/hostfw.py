@@ -842,6 +842,53 @@ def read_legacy() -> list[Filter]:
 # --- the memoised inspection ----------------------------------------------------------------------
 
 
+def _read(reader: Any, shared: Any) -> list[Filter]:
+    generation = reader.generation()
+    cached = shared.host_filters
+    if cached is not None and cached[0] == generation:
+        found: list[Filter] = cached[1]
+        return found
+    for _ in range(READ_RETRIES):
+        found = read_nftables()
+        before, generation = generation, reader.generation()
+        if generation == before:
+            break
+    shared.host_filters = (generation, found)
+    return found
+
+
+@attrs.frozen
+class _Surroundings:
+    """What no nftables generation tracks, read again after :data:`VERIFY_EVERY` seconds."""
+
+    legacy: list[Filter]
+    bridged: dict[int, bool]
+    uplinks: dict[int, tuple[str, ...]]
+
+
+def _surroundings(shared: Any) -> _Surroundings:
+    now = time.monotonic()
+    kept = shared.host_legacy
+    if kept is not None and now - kept[0] < VERIFY_EVERY:
+        found: _Surroundings = kept[1]
+        return found
+    found = _Surroundings(read_legacy(), bridged_hooks(), uplinks())
+    shared.host_legacy = (now, found)
+    return found
+
+
+def filters() -> list[Filter]:
+    """The host filters of the calling thread's namespace: nftables (memoised by the ruleset
+    generation) and legacy iptables (memoised for :data:`VERIFY_EVERY` seconds)."""
+    shared = memo()
+    try:
+        with nfnl.reading("inet") as reader:
+            nft_part = _read(reader, shared)
+    except nfnl.NetlinkError as e:
+        raise NftError(f"cannot read the host's nftables ruleset: {e.strerror}") from None
+    return [*nft_part, *_surroundings(shared).legacy]
+
+
 def bridged_hooks() -> dict[int, bool]:
     """Whether the IP forward hook sees bridged IPv4 / IPv6 (br_netfilter's sysctls in the
     calling thread's namespace; no module, no hook)."""
@@ -852,32 +899,6 @@ def bridged_hooks() -> dict[int, bool]:
         except OSError:
             out[version] = False
     return out
-
-
-def filters() -> list[Filter]:
-    """The host filters of the calling thread's namespace: nftables (memoised by the ruleset
-    generation) and legacy iptables (memoised for :data:`VERIFY_EVERY` seconds)."""
-    shared = memo()
-    try:
-        with nfnl.reading("inet") as reader:
-            generation = reader.generation()
-            cached = shared.host_filters
-            if cached is not None and cached[0] == generation:
-                nft_part = cached[1]
-            else:
-                for _ in range(READ_RETRIES):
-                    nft_part = read_nftables()
-                    before, generation = generation, reader.generation()
-                    if generation == before:
-                        break
-                shared.host_filters = (generation, nft_part)
-    except nfnl.NetlinkError as e:
-        raise NftError(f"cannot read the host's nftables ruleset: {e.strerror}") from None
-    now = time.monotonic()
-    legacy = shared.host_legacy
-    if legacy is None or now - legacy[0] >= VERIFY_EVERY:
-        legacy = shared.host_legacy = (now, read_legacy())
-    return [*nft_part, *legacy[1]]
 
 
 def uplinks() -> dict[int, tuple[str, ...]]:
@@ -904,5 +925,9 @@ def uplinks() -> dict[int, tuple[str, ...]]:
 
 def inspect(target: Target, only: Collection[str] | None = None) -> list[Finding]:
     """What of the calling thread's namespace's filtering drops ``target``'s traffic (the flows
-    named in ``only``: ``egress``, ``replies``, ``bridged``, ``inbound``)."""
-    return judge(filters(), target, bridged_hooks(), uplinks(), only)
+    named in ``only``: ``egress``, ``replies``, ``bridged``, ``inbound``). The nftables part is
+    memoised by generation; legacy iptables, br_netfilter's sysctls and the default routes'
+    interfaces for :data:`VERIFY_EVERY` seconds."""
+    found = filters()
+    around = _surroundings(memo())
+    return judge(found, target, around.bridged, around.uplinks, only)

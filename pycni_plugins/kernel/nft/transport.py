@@ -105,8 +105,8 @@ class Memo:
     ensured: dict[tuple[str, str], float] = attrs.Factory(dict)
     authoritative: dict[str, tuple[float, bool]] = attrs.Factory(dict)  # by state dir
     dumps: dict[str, tuple[int, dict[str, list[nfnl.Rule]] | None]] = attrs.Factory(dict)
-    #: The host's own forward filtering (:mod:`..hostfw`): nftables by generation, legacy
-    #: iptables by the monotonic time it was read at.
+    #: The host's own forward filtering (:mod:`..hostfw`): nftables by generation; legacy
+    #: iptables, br_netfilter's sysctls and the uplinks by the monotonic time they were read at.
     host_filters: tuple[int, Any] | None = None
     host_legacy: tuple[float, Any] | None = None
 
