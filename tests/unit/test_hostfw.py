@@ -207,3 +207,91 @@ def test_only_the_inbound_flow_when_egress_is_let_through() -> None:
     assert [(f.flow, f.certain) for f in found] == [("inbound", True)]
     assert "connections DNAT'd to 198.18.64.0/20 on bridge nomad (host ports 8080/tcp)" in found[0].message
     assert hostfw.judge([egress_only], WITH_PORTS, BOTH, UP, only=("egress", "replies", "bridged")) == []
+
+
+def _firewalld(zone: str) -> hostfw.Filter:
+    """Debian firewalld 1.3.3's ``table inet firewalld`` (nftables backend, default zone public),
+    as ``nft -j list table`` printed it in a private namespace; ``trusted``: after
+    ``firewall-cmd --zone=trusted --add-source=198.18.64.0/20``."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / f"firewalld-1.3-{zone}.json"
+    return hostfw.filter_from_json("inet", "firewalld", json.loads(path.read_text())["nftables"], {})
+
+
+def test_firewalld_public_zone_rejects_the_bridge() -> None:
+    """The uplink eth0 is in zone public, whose intra-zone forwarding (``oifname "eth0" accept``)
+    lets out what the catch-all default zone public takes in, the bridge included; an uplink in
+    no zone gets firewalld's reject."""
+    inside = hostfw.judge([_firewalld("public")], WITH_PORTS, BOTH, UP)
+    assert [(f.flow, f.certain) for f in inside] == [("bridged", True)]
+    found = hostfw.judge([_firewalld("public")], WITH_PORTS, BOTH, {4: ("eth1",)})
+    assert [(f.flow, f.certain) for f in found] == [("egress", True), ("bridged", True)]
+    assert found[0].where == "table inet firewalld chain filter_FWD_public rule handle 101 (reject)"
+
+
+def test_firewalld_trusted_source_clears_the_bridge() -> None:
+    assert hostfw.judge([_firewalld("trusted")], WITH_PORTS, BOTH, UP) == []
+
+
+def test_goto_return_and_named_sets() -> None:
+    objs: list[dict[str, Any]] = [
+        {"set": {"family": "inet", "table": "t", "name": "bridges", "type": "ifname", "elem": ["nomad", "cni0"]}},
+        {"chain": {"family": "inet", "table": "t", "name": "fwd", "hook": "forward", "prio": 5, "policy": "drop"}},
+        {"chain": {"family": "inet", "table": "t", "name": "mine"}},
+        {"rule": {"chain": "fwd", "handle": 3, "expr": [{"goto": {"target": "mine"}}]}},
+        {"rule": {"chain": "fwd", "handle": 4, "expr": [ACCEPT]}},  # never reached: goto does not come back
+        {"rule": {"chain": "mine", "handle": 5, "expr": [_m("oifname", "docker0"), {"return": None}]}},
+        {"rule": {"chain": "mine", "handle": 6, "expr": [_m("iifname", "@bridges"), ACCEPT]}},
+    ]
+    f = hostfw.filter_from_json("inet", "t", objs, {})
+    found = hostfw.judge([f], NOMAD, NONE, UP)
+    assert [(x.flow, x.where) for x in found] == [("replies", "table inet t chain fwd (policy drop)")]
+
+
+def test_iptables_nft_conntrack_is_read_from_the_text_line() -> None:
+    objs: list[dict[str, Any]] = [
+        {
+            "chain": {
+                "family": "ip",
+                "table": "filter",
+                "name": "FORWARD",
+                "hook": "forward",
+                "prio": 0,
+                "policy": "drop",
+            }
+        },
+        {"rule": {"chain": "FORWARD", "handle": 7, "expr": [_m("iifname", "nomad"), ACCEPT]}},
+        {"rule": {"chain": "FORWARD", "handle": 8, "expr": [{"xt": {"type": "match", "name": "conntrack"}}, ACCEPT]}},
+    ]
+    lines = {8: "\t\tct state related,established counter packets 0 bytes 0 accept # handle 8"}
+    f = hostfw.filter_from_json("ip", "filter", objs, lines)
+    assert f.iptables
+    assert hostfw.judge([f], NOMAD, NONE, UP) == []
+    unread = hostfw.judge([hostfw.filter_from_json("ip", "filter", objs, {})], NOMAD, NONE, UP)
+    assert [(x.flow, x.certain) for x in unread] == [("replies", False)]
+    assert "rule handle 8 may accept it first" in unread[0].message
+    assert unread[0].remedy.startswith("iptables -I FORWARD 1 -i nomad -j ACCEPT")
+
+
+def test_legacy_negation_goto_and_reject() -> None:
+    save = """*filter
+:FORWARD ACCEPT [0:0]
+:CHECKS - [0:0]
+-A FORWARD ! -i nomad -j ACCEPT
+-A FORWARD -g CHECKS
+-A CHECKS -s 198.18.64.0/20 -j REJECT --reject-with icmp-port-unreachable
+COMMIT
+"""
+    f = hostfw.parse_legacy(save, 4)
+    assert f is not None
+    found = hostfw.judge([f], NOMAD, NONE, UP)
+    assert [(x.flow, x.certain, x.where) for x in found] == [
+        (
+            "egress",
+            True,
+            "iptables-legacy table filter chain CHECKS rule 1"
+            " (iptables -A CHECKS -s 198.18.64.0/20 -j REJECT --reject-with icmp-port-unreachable) (reject)",
+        )
+    ]
