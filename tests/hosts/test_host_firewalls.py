@@ -88,6 +88,7 @@ def test_traffic_is_what_the_judge_says(world: World) -> None:
         with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE) as outside_server:
             egress = probes.tcp_echo(rt1.netns, OUTSIDE, ECHO_PORT, timeout=1.5)
             assert egress == (not world.profile.drops_egress)
+            assert probes.ping(rt1.netns, OUTSIDE, timeout=1.5) == egress
             if egress:
                 assert outside_server.peers == ["198.19.0.1"]  # masqueraded
         with probes.TCPEchoServer(rt2.netns, ECHO_PORT, host="0.0.0.0"):
