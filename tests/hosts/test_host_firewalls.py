@@ -4,11 +4,14 @@ really does, and that pycni changes nothing of the host's own ruleset (issue 20,
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 
 import pytest
 
 from pycni import netns
 from pycni.errors import CNIError, ErrorCode
+from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
 from pycni.testing import probes
 from pycni_plugins.kernel import hostfw
 from tests.helpers import kernel
@@ -111,3 +114,34 @@ def test_host_ports_are_reachable_where_the_judge_finds_no_inbound_drop(world: W
         assert reached == (not inbound)
     finally:
         world.runtime.delete_network_list(world.network, rt)
+
+
+def test_exec_d_shims_report_what_in_process_reports(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The installed plugins, exec'd without the daemon, read the host's filters in the host
+    namespace they were exec'd in (legacy iptables through a child of that process)."""
+    if world.profile.drop_where is None or world.profile.name == "docker-nft":
+        pytest.skip("the hardened and docker-legacy hosts are enough")
+    from pycni_plugins.install import install
+
+    monkeypatch.setenv("PYCNI_DAEMON", "off")
+    bindir = tmp_path / "bin"
+    install(str(bindir), ["loopback", "bridge", "host-local", "firewall", "portmap"])
+    runtime = Runtime(
+        [str(bindir)],
+        cache_dir=str(tmp_path / "exec-cache"),
+        state_dir=world.runtime.state_dir,
+        backend="exec",
+        host_netns=world.host,
+    )
+    ns = world.make_netns("c")
+    rt = RuntimeConf("x1", ns.path, "eth0")
+    runtime.add_network_list(world.network, rt)
+    try:
+        with pytest.raises(CNIError) as check:
+            runtime.check_network_list(world.network, rt)
+        assert check.value.code == ErrorCode.INTERNAL
+        assert check.value.msg == f"{world.profile.drop_where} drops forwarded traffic from {SUBNET} on bridge {BRIDGE}"
+    finally:
+        runtime.delete_network_list(world.network, rt)
