@@ -35,6 +35,10 @@ error texts follow containernetworking/plugins v1.9.1. Where pycni differs, on p
   elements and the records and veths of attachments not in ``cni.dev/valid-attachments``;
   STATUS is the IPAM plugin's; CHECK also verifies the masquerade and spoof-check elements and
   the nftables rules they need;
+* CHECK (code 999) and STATUS (code 51) fail when the host's own forward filtering — another
+  table's drop policy or rule, legacy iptables' FORWARD — drops the bridge's egress, replies or
+  bridged traffic, naming the table, chain and rule or policy and the rule the admin adds
+  (:mod:`.kernel.hostfw`); ADD succeeds regardless, as the reference's does;
 * ``isGateway`` together with ``vlan`` (the reference's ``<bridge>.<vlan>`` gateway veth) is
   refused as unsupported (untested: no kernel here has 802.1Q and bridge VLAN filtering);
   ``vlan``/``vlanTrunk`` on a kernel without VLAN filtering fail with a clear error and leave
@@ -62,7 +66,7 @@ from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from . import _veth
 from ._common import Fields, attachment, fail, in_netns, ipam_result, is_link_name
-from .kernel import ifconfig, layout, links, nft, owned, sysctl
+from .kernel import hostfw, ifconfig, layout, links, nft, owned, sysctl
 
 __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 
@@ -403,6 +407,10 @@ class BridgePlugin(Plugin):
         prev = _veth.check_start(request, conf.ipam_type, "Required prevResult missing")
         host_veth = _check(request, conf, prev)
         _check_nft(request, conf, prev, host_veth)
+        subnets = tuple(dict.fromkeys(ip.address.network for ip in prev.ips))
+        findings = _host_firewall(conf, subnets)
+        if findings:
+            raise fail(findings[0].message, _host_firewall_details(findings))
 
     def gc(self, request: PluginRequest) -> GCReport:
         """Remove what this network's attachments not in ``cni.dev/valid-attachments`` left:
@@ -426,7 +434,11 @@ class BridgePlugin(Plugin):
         return _veth.gc(request, self.type, conf.ipam_type, collect_nft)
 
     def status(self, request: PluginRequest) -> None:
-        _veth.status(request, load_config(request).ipam_type)
+        conf = load_config(request)
+        _veth.status(request, conf.ipam_type)
+        findings = _host_firewall(conf, _ipam_subnets(request.config))
+        if findings:
+            raise CNIError(findings[0].message, _host_firewall_details(findings), code=ErrorCode.LIMITED_CONNECTIVITY)
 
 
 def _remembered_mac(store: owned.VethRecords, bridge: str) -> str | None:
@@ -451,6 +463,48 @@ def _check_nft(request: PluginRequest, conf: BridgeConfig, prev: Result, host_ve
             problem = nft.check(att, layout.spoofchk_elements(host_veth, ctr.mac.lower()), (layout.SPOOFCHK,))
             if problem:
                 raise fail(f"macspoofchk: {problem}")
+
+
+def _host_firewall(conf: BridgeConfig, subnets: tuple[hostfw.IPNetwork, ...]) -> list[hostfw.Finding]:
+    """What of the host's own forward filtering (another table's drop policy, legacy iptables'
+    FORWARD) drops the bridge's traffic: pycni's accepts cannot overrule it (see
+    :mod:`.kernel.hostfw`). ADD goes on regardless, as the Go plugins do."""
+    if not subnets:
+        return []
+    try:
+        return hostfw.inspect(hostfw.Target(conf.bridge, subnets))
+    except (nft.NftError, OSError) as e:
+        raise fail(f"cannot read the host's firewall: {e}") from e
+
+
+def _host_firewall_details(findings: list[hostfw.Finding]) -> str:
+    more = [f.message for f in findings[1:]]
+    fix = f"let it through: {findings[0].remedy}" if findings[0].remedy else ""
+    return "; ".join([*more, fix]).strip("; ")
+
+
+def _ipam_subnets(config: Mapping[str, Any]) -> tuple[hostfw.IPNetwork, ...]:
+    """The subnets the IPAM config gives addresses from (host-local ``ranges``/``subnet``,
+    static ``addresses``); unreadable entries are skipped (the IPAM plugin reports them)."""
+    ipam = config.get("ipam")
+    if not isinstance(ipam, Mapping):
+        return ()
+    texts: list[Any] = [ipam.get("subnet")]
+    ranges = ipam.get("ranges")
+    for rset in ranges if isinstance(ranges, list) else ():
+        for r in rset if isinstance(rset, list) else ():
+            if isinstance(r, Mapping):
+                texts.append(r.get("subnet"))
+    addresses = ipam.get("addresses")
+    for a in addresses if isinstance(addresses, list) else ():
+        if isinstance(a, Mapping):
+            texts.append(a.get("address"))
+    out: list[hostfw.IPNetwork] = []
+    for text in texts:
+        if isinstance(text, str):
+            with contextlib.suppress(ValueError):
+                out.append(ipaddress.ip_network(text, strict=False))
+    return tuple(dict.fromkeys(out))
 
 
 def _is_container(prev: Result, index: int, ifname: str) -> bool:

@@ -7,7 +7,10 @@
 Nomad's ``bridgeNetworkConfigurator`` (``networking_bridge_linux.go``), before every setup: the
 admin chain (``NOMAD-ADMIN``) must exist and hold ``-o <bridge> -d <subnet> -j ACCEPT`` (IPv6 first
 when configured), so that traffic forwarded to the allocations is accepted even if an admin's
-rules in that chain, or a DROP policy, would refuse it.
+later rules in that chain would refuse it. In pycni's table this accept ends only pycni's own
+base chain: another table's drop (a hardened ``inet filter``, Docker's ``FORWARD`` policy DROP,
+legacy iptables) still drops, and the bridge plugin's CHECK and STATUS name it
+(:mod:`pycni_plugins.kernel.hostfw`).
 
 pycni's firewall plugin keeps admin chains in ``table inet pycni`` (jumped to first from its
 ``forward`` chain, see :mod:`pycni_plugins.kernel.layout`), so the equivalent here is::

@@ -52,7 +52,7 @@ from ._common import (
     prev_result,
     valid_attachments,
 )
-from .kernel import layout, nft, sysctl
+from .kernel import hostfw, layout, nft, sysctl
 
 __all__ = ["PortmapPlugin", "host_address", "parse_mappings"]
 
@@ -125,6 +125,24 @@ def container_addresses(request: PluginRequest, prev: Result) -> list[IPInterfac
                 continue
         found.setdefault(ip.address.version, ip.address)
     return [found[v] for v in (4, 6) if v in found]
+
+
+def _check_host_firewall(request: PluginRequest, prev: Result, mappings: list[PortMapping]) -> None:
+    """Fail when the host's own forward filtering drops connections DNAT'd to the container
+    (another table's drop, legacy iptables' FORWARD: :mod:`.kernel.hostfw`); the bridge plugin
+    reports the container's egress and replies."""
+    if not prev.interfaces or prev.interfaces[0].sandbox:
+        return  # no host-side interface in front of the container (macvlan and the like)
+    subnets = tuple(dict.fromkeys(a.network for a in container_addresses(request, prev)))
+    ports = tuple(dict.fromkeys(f"{m.host_port}/{m.protocol}" for m in mappings))
+    is_bridge = any(not i.sandbox for i in prev.interfaces[1:])
+    try:
+        found = hostfw.inspect(hostfw.Target(prev.interfaces[0].name, subnets, ports, is_bridge), only=("inbound",))
+    except (nft.NftError, OSError) as e:
+        raise fail(f"cannot read the host's firewall: {e}") from e
+    if found:
+        fix = f"let them through: {found[0].remedy}" if found[0].remedy else ""
+        raise fail(found[0].message, "; ".join([*(f.message for f in found[1:]), fix]).strip("; "))
 
 
 def _elements(
@@ -282,6 +300,7 @@ class PortmapPlugin(Plugin):
         problems = nft.skeleton_problems(sections)
         if problems:
             raise fail(f"host ports not published: {problems[0]}", "; ".join(problems[1:]))
+        _check_host_firewall(request, prev, mappings)
 
     def delete(self, request: PluginRequest) -> None:
         nft.release(_OWNER, attachment(request), state_dir=request.state_dir)

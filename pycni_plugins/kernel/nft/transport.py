@@ -105,6 +105,10 @@ class Memo:
     ensured: dict[tuple[str, str], float] = attrs.Factory(dict)
     authoritative: dict[str, tuple[float, bool]] = attrs.Factory(dict)  # by state dir
     dumps: dict[str, tuple[int, dict[str, list[nfnl.Rule]] | None]] = attrs.Factory(dict)
+    #: The host's own forward filtering (:mod:`..hostfw`): nftables by generation; legacy
+    #: iptables, br_netfilter's sysctls and the uplinks by the monotonic time they were read at.
+    host_filters: tuple[int, Any] | None = None
+    host_legacy: tuple[float, Any] | None = None
 
     def stale(self, now: float) -> bool:
         times = [*self.ensured.values(), *(t for t, _ in self.authoritative.values())]

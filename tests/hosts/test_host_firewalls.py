@@ -1,0 +1,147 @@
+"""pycni on hosts that already filter: what the judge finds, what CHECK/STATUS say, what traffic
+really does, and that pycni changes nothing of the host's own ruleset (issue 20, points 1, 4, 6)."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from pycni import netns
+from pycni.errors import CNIError, ErrorCode
+from pycni.runtime import Runtime
+from pycni.runtime_conf import RuntimeConf
+from pycni.testing import probes
+from pycni_plugins.kernel import hostfw
+from tests.helpers import kernel
+
+from .conftest import BRIDGE, HOST_UPLINK, OUTSIDE, SUBNET, World
+from .profiles import HARDENED_INET, PLAIN, legacy_loaded
+
+pytestmark = pytest.mark.privileged
+
+TARGET = hostfw.Target(BRIDGE, (ipaddress.ip_network(SUBNET),))
+ECHO_PORT = 7007
+
+
+def _inspect(world: World, target: hostfw.Target = TARGET) -> list[hostfw.Finding]:
+    return netns.run_in(world.host, hostfw.inspect, target)
+
+
+def test_the_judge_names_the_dropping_chain(world: World) -> None:
+    found = _inspect(world)
+    if world.profile.drop_where is None:
+        assert found == []
+        return
+    egress = next(f for f in found if f.flow == "egress")
+    assert egress.certain
+    assert egress.message == f"{world.profile.drop_where} drops forwarded traffic from {SUBNET} on bridge {BRIDGE}"
+
+
+def test_the_legacy_tables_are_read_only_where_loaded(world: World) -> None:
+    loaded = bool(legacy_loaded(world.host))
+    _inspect(world)
+    assert bool(legacy_loaded(world.host)) == loaded  # listing loaded no table
+    assert loaded == (world.profile.name == "docker-legacy")
+
+
+def test_add_succeeds_check_and_status_report_and_the_ruleset_is_untouched(world: World) -> None:
+    before = world.profile.ruleset(world.host)
+    rt, _ = world.container("c1", [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}])
+    where = world.profile.drop_where
+    if where is None:
+        world.runtime.check_network_list(world.network, rt)
+        world.runtime.get_status_network_list(world.network_at("1.1.0"))
+    else:
+        with pytest.raises(CNIError) as check:
+            world.runtime.check_network_list(world.network, rt)
+        assert check.value.code == ErrorCode.INTERNAL
+        assert check.value.msg == f"{where} drops forwarded traffic from {SUBNET} on bridge {BRIDGE}"
+        assert "let it through" in check.value.details
+        with pytest.raises(CNIError) as status:
+            world.runtime.get_status_network_list(world.network_at("1.1.0"))
+        assert status.value.code == ErrorCode.LIMITED_CONNECTIVITY
+        assert where in status.value.msg
+    world.runtime.delete_network_list(world.network, rt)
+    assert world.profile.ruleset(world.host) == before
+    left = {name for name, link in kernel.links(world.host).items() if link["kind"] == "veth"}
+    assert left == {"uplink0"}
+
+
+def test_repeated_checks_reuse_the_inspection(world: World) -> None:
+    if world.profile not in (PLAIN, HARDENED_INET):
+        pytest.skip("one nftables profile and the plain host are enough")
+
+    def twice() -> bool:
+        from pycni_plugins.kernel.nft import transport
+
+        hostfw.filters()
+        first = transport.memo().host_filters
+        hostfw.filters()
+        return first is not None and transport.memo().host_filters is first
+
+    assert netns.run_in(world.host, twice)
+
+
+def test_traffic_is_what_the_judge_says(world: World) -> None:
+    rt1, ip1 = world.container("c1")
+    rt2, ip2 = world.container("c2")
+    try:
+        with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE) as outside_server:
+            egress = probes.tcp_echo(rt1.netns, OUTSIDE, ECHO_PORT, timeout=1.5)
+            assert egress == (not world.profile.drops_egress)
+            assert probes.ping(rt1.netns, OUTSIDE, timeout=1.5) == egress
+            if egress:
+                assert outside_server.peers == ["198.19.0.1"]  # masqueraded
+        with probes.TCPEchoServer(rt2.netns, ECHO_PORT, host="0.0.0.0"):
+            between = probes.tcp_echo(rt1.netns, ip2, ECHO_PORT, timeout=1.5)
+        bridged = any(f.flow == "bridged" for f in _inspect(world))
+        assert between == (not bridged)
+    finally:
+        world.runtime.delete_network_list(world.network, rt2)
+        world.runtime.delete_network_list(world.network, rt1)
+
+
+def test_host_ports_are_reachable_where_the_judge_finds_no_inbound_drop(world: World) -> None:
+    rt, _ = world.container("c1", [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}])
+    try:
+        target = hostfw.Target(BRIDGE, (ipaddress.ip_network(SUBNET),), ("8080/tcp",))
+        inbound = netns.run_in(world.host, hostfw.inspect, target, ("inbound",))
+        assert [f.flow for f in inbound] == ([] if world.profile.drop_where is None else ["inbound"])
+        with probes.TCPEchoServer(rt.netns, 80, host="0.0.0.0"):
+            reached = probes.tcp_echo(world.outside, HOST_UPLINK, 8080, timeout=1.5)
+        assert reached == (not inbound)
+    finally:
+        world.runtime.delete_network_list(world.network, rt)
+
+
+def test_exec_d_shims_report_what_in_process_reports(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The installed plugins, exec'd without the daemon, read the host's filters in the host
+    namespace they were exec'd in (legacy iptables through a child of that process)."""
+    if world.profile.drop_where is None or world.profile.name == "docker-nft":
+        pytest.skip("the hardened and docker-legacy hosts are enough")
+    from pycni_plugins.install import install
+
+    monkeypatch.setenv("PYCNI_DAEMON", "off")
+    bindir = tmp_path / "bin"
+    install(str(bindir), ["loopback", "bridge", "host-local", "firewall", "portmap"])
+    runtime = Runtime(
+        [str(bindir)],
+        cache_dir=str(tmp_path / "exec-cache"),
+        state_dir=world.runtime.state_dir,
+        backend="exec",
+        host_netns=world.host,
+    )
+    ns = world.make_netns("c")
+    rt = RuntimeConf("x1", ns.path, "eth0")
+    runtime.add_network_list(world.network, rt)
+    try:
+        with pytest.raises(CNIError) as check:
+            runtime.check_network_list(world.network, rt)
+        assert check.value.code == ErrorCode.INTERNAL
+        assert check.value.msg == f"{world.profile.drop_where} drops forwarded traffic from {SUBNET} on bridge {BRIDGE}"
+    finally:
+        runtime.delete_network_list(world.network, rt)
