@@ -19,6 +19,7 @@ from pycni.config import conflist_from_bytes
 from pycni.nomad.conflist import NomadBridgeConfig, bridge_conflist
 from pycni.runtime import Runtime
 from pycni.runtime_conf import RuntimeConf
+from tests.conftest import REQUIRE_PRIVILEGED
 from tests.helpers.traffic import veth
 
 from .profiles import PROFILES, HostProfile
@@ -59,7 +60,7 @@ def profile(request: pytest.FixtureRequest) -> HostProfile:
     prof: HostProfile = request.param
     missing = prof.missing()
     if missing:
-        pytest.skip(missing)
+        (pytest.fail if REQUIRE_PRIVILEGED else pytest.skip)(missing)
     return prof
 
 

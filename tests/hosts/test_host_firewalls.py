@@ -1,5 +1,5 @@
 """pycni on hosts that already filter: what the judge finds, what CHECK/STATUS say, what traffic
-really does, and that pycni changes nothing of the host's own ruleset (issue 20, points 1, 4, 6)."""
+really does, and that pycni changes nothing of the host's own ruleset."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pycni_plugins.kernel import hostfw
 from tests.helpers import kernel
 
 from .conftest import BRIDGE, HOST_UPLINK, OUTSIDE, SUBNET, World
-from .profiles import HARDENED_INET, PLAIN, legacy_loaded
+from .profiles import DOCKER_LEGACY, HARDENED_INET, PLAIN, legacy_loaded
 
 pytestmark = pytest.mark.privileged
 
@@ -69,9 +69,8 @@ def test_add_succeeds_check_and_status_report_and_the_ruleset_is_untouched(world
     assert left == {"uplink0"}
 
 
+@pytest.mark.parametrize("profile", [PLAIN, HARDENED_INET], ids=lambda p: p.name, indirect=True)
 def test_repeated_checks_reuse_the_inspection(world: World) -> None:
-    if world.profile not in (PLAIN, HARDENED_INET):
-        pytest.skip("one nftables profile and the plain host are enough")
 
     def twice() -> bool:
         from pycni_plugins.kernel.nft import transport
@@ -116,13 +115,12 @@ def test_host_ports_are_reachable_where_the_judge_finds_no_inbound_drop(world: W
         world.runtime.delete_network_list(world.network, rt)
 
 
+@pytest.mark.parametrize("profile", [HARDENED_INET, DOCKER_LEGACY], ids=lambda p: p.name, indirect=True)
 def test_exec_d_shims_report_what_in_process_reports(
     world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The installed plugins, exec'd without the daemon, read the host's filters in the host
     namespace they were exec'd in (legacy iptables through a child of that process)."""
-    if world.profile.drop_where is None or world.profile.name == "docker-nft":
-        pytest.skip("the hardened and docker-legacy hosts are enough")
     from pycni_plugins.install import install
 
     monkeypatch.setenv("PYCNI_DAEMON", "off")
