@@ -408,9 +408,7 @@ class BridgePlugin(Plugin):
         host_veth = _check(request, conf, prev)
         _check_nft(request, conf, prev, host_veth)
         subnets = tuple(dict.fromkeys(ip.address.network for ip in prev.ips))
-        findings = _host_firewall(conf, subnets)
-        if findings:
-            raise fail(findings[0].message, _host_firewall_details(findings))
+        _host_firewall(conf, subnets)
 
     def gc(self, request: PluginRequest) -> GCReport:
         """Remove what this network's attachments not in ``cni.dev/valid-attachments`` left:
@@ -436,9 +434,7 @@ class BridgePlugin(Plugin):
     def status(self, request: PluginRequest) -> None:
         conf = load_config(request)
         _veth.status(request, conf.ipam_type)
-        findings = _host_firewall(conf, _ipam_subnets(request.config))
-        if findings:
-            raise CNIError(findings[0].message, _host_firewall_details(findings), code=ErrorCode.LIMITED_CONNECTIVITY)
+        _host_firewall(conf, _ipam_subnets(request.config), ErrorCode.LIMITED_CONNECTIVITY)
 
 
 def _remembered_mac(store: owned.VethRecords, bridge: str) -> str | None:
@@ -465,22 +461,12 @@ def _check_nft(request: PluginRequest, conf: BridgeConfig, prev: Result, host_ve
                 raise fail(f"macspoofchk: {problem}")
 
 
-def _host_firewall(conf: BridgeConfig, subnets: tuple[hostfw.IPNetwork, ...]) -> list[hostfw.Finding]:
-    """What of the host's own forward filtering (another table's drop policy, legacy iptables'
+def _host_firewall(conf: BridgeConfig, subnets: tuple[hostfw.IPNetwork, ...], code: int = ErrorCode.INTERNAL) -> None:
+    """Fail when the host's own forward filtering (another table's drop policy, legacy iptables'
     FORWARD) drops the bridge's traffic: pycni's accepts cannot overrule it (see
     :mod:`.kernel.hostfw`). ADD goes on regardless, as the Go plugins do."""
-    if not subnets:
-        return []
-    try:
-        return hostfw.inspect(hostfw.Target(conf.bridge, subnets))
-    except (nft.NftError, OSError) as e:
-        raise fail(f"cannot read the host's firewall: {e}") from e
-
-
-def _host_firewall_details(findings: list[hostfw.Finding]) -> str:
-    more = [f.message for f in findings[1:]]
-    fix = f"let it through: {findings[0].remedy}" if findings[0].remedy else ""
-    return "; ".join([*more, fix]).strip("; ")
+    if subnets:
+        hostfw.check(hostfw.Target(conf.bridge, subnets), code=code)
 
 
 def _ipam_subnets(config: Mapping[str, Any]) -> tuple[hostfw.IPNetwork, ...]:

@@ -136,13 +136,7 @@ def _check_host_firewall(request: PluginRequest, prev: Result, mappings: list[Po
     subnets = tuple(dict.fromkeys(a.network for a in container_addresses(request, prev)))
     ports = tuple(dict.fromkeys(f"{m.host_port}/{m.protocol}" for m in mappings))
     is_bridge = any(not i.sandbox for i in prev.interfaces[1:])
-    try:
-        found = hostfw.inspect(hostfw.Target(prev.interfaces[0].name, subnets, ports, is_bridge), only=("inbound",))
-    except (nft.NftError, OSError) as e:
-        raise fail(f"cannot read the host's firewall: {e}") from e
-    if found:
-        fix = f"let them through: {found[0].remedy}" if found[0].remedy else ""
-        raise fail(found[0].message, "; ".join([*(f.message for f in found[1:]), fix]).strip("; "))
+    hostfw.check(hostfw.Target(prev.interfaces[0].name, subnets, ports, is_bridge), only=("inbound",))
 
 
 def _elements(

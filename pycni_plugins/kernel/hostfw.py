@@ -54,6 +54,8 @@ from typing import Any
 
 import attrs
 
+from pycni.errors import CNIError, ErrorCode
+
 from . import nfnl, sysctl
 from .nft.transport import READ_RETRIES, TABLE, VERIFY_EVERY, NftError, context, error, memo
 
@@ -63,6 +65,7 @@ __all__ = [
     "Filter",
     "judge",
     "inspect",
+    "check",
     "filters",
     "read_nftables",
     "read_legacy",
@@ -931,3 +934,17 @@ def inspect(target: Target, only: Collection[str] | None = None) -> list[Finding
     found = filters()
     around = _surroundings(memo())
     return judge(found, target, around.bridged, around.uplinks, only)
+
+
+def check(target: Target, only: Collection[str] | None = None, code: int = ErrorCode.INTERNAL) -> None:
+    """Raise ``code`` naming the first base chain that certainly drops ``target``'s traffic, the
+    others in the details with the rule that lets it through. A "may drop" finding fails
+    nothing: a judge unsure of a foreign rule must not fail a CHECK or a STATUS (which makes
+    orchestrators call the network not ready) on a host where the traffic may well pass."""
+    try:
+        found = [f for f in inspect(target, only) if f.certain]
+    except (NftError, OSError) as e:
+        raise CNIError(f"cannot read the host's firewall: {e}", code=ErrorCode.INTERNAL) from e
+    if found:
+        fix = f"let it through: {found[0].remedy}" if found[0].remedy else ""
+        raise CNIError(found[0].message, "; ".join([*(f.message for f in found[1:]), fix]).strip("; "), code=code)

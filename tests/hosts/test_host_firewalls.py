@@ -17,7 +17,7 @@ from pycni_plugins.kernel import hostfw
 from tests.helpers import kernel
 
 from .conftest import BRIDGE, HOST_UPLINK, OUTSIDE, SUBNET, World
-from .profiles import DOCKER_LEGACY, HARDENED_INET, PLAIN, legacy_loaded
+from .profiles import DOCKER_LEGACY, HARDENED_INET, PLAIN, legacy_loaded, nft
 
 pytestmark = pytest.mark.privileged
 
@@ -143,3 +143,33 @@ def test_exec_d_shims_report_what_in_process_reports(
         assert check.value.msg == f"{world.profile.drop_where} drops forwarded traffic from {SUBNET} on bridge {BRIDGE}"
     finally:
         runtime.delete_network_list(world.network, rt)
+
+
+@pytest.mark.parametrize("profile", [PLAIN], ids=lambda p: p.name, indirect=True)
+def test_a_chain_the_judge_cannot_read_may_drop_but_fails_no_check_or_status(world: World) -> None:
+    """A verdict map before a drop policy: the judge cannot tell, so it names the rule as "may
+    drop" and CHECK and STATUS still pass (the traffic does pass here)."""
+    nft(world.host, UNREADABLE.format(bridge=BRIDGE))
+    try:
+        rt, _ = world.container("c1")
+        egress = next(f for f in _inspect(world) if f.flow == "egress")
+        assert not egress.certain and egress.message.startswith("table inet filter chain forward")
+        assert "may drop" in egress.message
+        world.runtime.check_network_list(world.network, rt)
+        world.runtime.get_status_network_list(world.network_at("1.1.0"))
+        with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE):
+            assert probes.tcp_echo(rt.netns, OUTSIDE, ECHO_PORT, timeout=1.5)
+        world.runtime.delete_network_list(world.network, rt)
+    finally:
+        nft(world.host, "delete table inet filter")
+
+
+UNREADABLE = """\
+table inet filter {{
+    chain forward {{
+        type filter hook forward priority filter; policy drop;
+        ct state established,related accept
+        iifname vmap {{ "{bridge}" : accept }}
+    }}
+}}
+"""
