@@ -26,6 +26,7 @@ __all__ = [
     "go_int",
     "go_object",
     "go_string",
+    "show",
     "go_field",
     "go_fold",
     "members_of",
