@@ -10,11 +10,11 @@ from typing import Any, ClassVar
 
 import attrs
 
+from .._json import GoValueError
 from ._common import (
     DNS,
     EMPTY_DNS,
     MISSING,
-    Invalid,
     IPAddress,
     IPInterface,
     Route,
@@ -26,6 +26,7 @@ from ._common import (
     decode_dns,
     decode_route,
     integer,
+    invalid,
     members,
     object_keys,
     optional_integer,
@@ -88,7 +89,7 @@ def decode_interface(value: Any) -> Interface:
         socket_path = text(obj.get("socketPath"))
         key = "pciID"
         pci_id = text(obj.get("pciID"))
-    except Invalid as e:
+    except GoValueError as e:
         raise e.at(key) from None
     return Interface(name, mac, mtu, sandbox, socket_path, pci_id)
 
@@ -131,7 +132,7 @@ def decode_ip_config(value: Any) -> IPConfig:
         addr = cidr(obj.get("address", MISSING))
         key = "gateway"
         gateway = address(obj.get("gateway"))
-    except Invalid as e:
+    except GoValueError as e:
         raise e.at(key) from None
     return IPConfig(addr, gateway, interface)
 
@@ -161,8 +162,8 @@ class Result:
         """Decode as 1.x, version taken as written; :func:`~pycni.types.parse_result` does libcni's fixup."""
         try:
             return decode_result(obj, declared_version(obj, cls.VERSIONS))
-        except Invalid as e:
-            raise e.error("result") from None
+        except GoValueError as e:
+            raise invalid(e, "result") from None
 
     def to_json(self) -> dict[str, Any]:
         """Go's emission: empty lists are omitted, and so is ``dns`` when all of it is empty."""
@@ -195,6 +196,6 @@ def decode_result(value: Any, version: str) -> Result:
         routes = array(obj.get("routes"), decode_route)
         key = "dns"
         dns = decode_dns(obj.get("dns"))
-    except Invalid as e:
+    except GoValueError as e:
         raise e.at(key) from None
     return Result(version, interfaces, ips, routes, dns)

@@ -36,7 +36,7 @@ def parse_ip(text: str) -> IPAddress | None:
     """``net.ParseIP`` (pycni.types' parser); None when ``text`` is not an address."""
     try:
         return _types.address(text)
-    except _types.Invalid:
+    except GoValueError:
         return None
 
 
