@@ -26,7 +26,6 @@ __all__ = [
     "go_int",
     "go_object",
     "go_string",
-    "show",
     "go_field",
     "go_fold",
     "members_of",
@@ -175,10 +174,9 @@ class GoValueError(ValueError):
         *,
         bounds: tuple[int, int] | None = None,
         text: str = "",
-        field: str = "",
     ) -> None:
         self.value, self.wanted, self.go_type, self.bounds, self.text = value, wanted, go_type, bounds, text
-        self.field = field
+        self.field = ""
         """The Go struct field (``Struct.name``) Go's message names; set by :class:`GoReader`."""
         self.path: list[str | int] = []
         super().__init__(text or self.problem())
@@ -213,11 +211,11 @@ class GoValueError(ValueError):
             shown = str(value) if value.bit_length() <= 128 else f"with {value.bit_length()} bits"
             return f"integer {shown} out of range"
         if literal or (isinstance(value, float) and self.wanted == "an integer"):
-            return f"expected {self.wanted}, got {show(value)}"
+            return f"expected {self.wanted}, got {_show(value)}"
         return f"expected {self.wanted}, got {kind(value)}"
 
 
-def show(value: Any) -> str:
+def _show(value: Any) -> str:
     """A decoded value as messages quote it: scalars as JSON (strings cut at 40), else its kind."""
     if value is None or isinstance(value, (list, dict)):
         return kind(value)
@@ -307,8 +305,11 @@ class GoReader:
 
     def read(self, name: str, decode: Callable[[Any], T], source: Mapping[str, Any] | None = None) -> T:
         """Field ``name`` through ``decode`` (a typed getter); its error names the field."""
+        return self._decoded(name, decode, self.get(name, source))
+
+    def _decoded(self, name: str, decode: Callable[[Any], T], value: Any) -> T:
         try:
-            return decode(self.get(name, source))
+            return decode(value)
         except GoValueError as e:
             e.field = f"{self.struct}.{name}"
             e.at(name)
@@ -316,15 +317,15 @@ class GoReader:
 
     def string(self, name: str, default: str = "", source: Mapping[str, Any] | None = None) -> str:
         value = self.get(name, source)
-        return default if value is None else self.read(name, go_string, source)
+        return default if value is None else self._decoded(name, go_string, value)
 
     def integer(self, name: str, default: int = 0, source: Mapping[str, Any] | None = None) -> int:
         value = self.get(name, source)
-        return default if value is None else self.read(name, go_int, source)
+        return default if value is None else self._decoded(name, go_int, value)
 
     def flag(self, name: str, default: bool = False, source: Mapping[str, Any] | None = None) -> bool:
         value = self.get(name, source)
-        return default if value is None else self.read(name, go_bool, source)
+        return default if value is None else self._decoded(name, go_bool, value)
 
     def mapping(self, name: str, source: Mapping[str, Any] | None = None, go_type: str = "object") -> Mapping[str, Any]:
         return self.read(name, lambda v: go_object(v, go_type), source)
