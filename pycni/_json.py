@@ -244,10 +244,11 @@ def go_string(value: Any, go_type: str = "string") -> str:
     raise GoValueError(value, "a string", go_type)
 
 
-def go_int(value: Any, go_type: str = "int", bounds: tuple[int, int] = INT64) -> int:
-    """A Go integer type within ``bounds``: a JSON number without fraction or exponent."""
+def go_int(value: Any, go_type: str = "int", bounds: tuple[int, int] | None = INT64) -> int:
+    """A Go integer type within ``bounds``: a JSON number without fraction or exponent (``bounds``
+    ``None``: any, for a caller that checks the range itself with its own message)."""
     if type(value) is int:
-        if bounds[0] <= value <= bounds[1]:
+        if bounds is None or bounds[0] <= value <= bounds[1]:
             return value
         raise GoValueError(value, "an integer", go_type, bounds=bounds)
     if value is None:
@@ -319,9 +320,15 @@ class GoReader:
         value = self.get(name, source)
         return default if value is None else self._decoded(name, go_string, value)
 
-    def integer(self, name: str, default: int = 0, source: Mapping[str, Any] | None = None) -> int:
+    def integer(
+        self,
+        name: str,
+        default: int = 0,
+        source: Mapping[str, Any] | None = None,
+        bounds: tuple[int, int] | None = INT64,
+    ) -> int:
         value = self.get(name, source)
-        return default if value is None else self._decoded(name, go_int, value)
+        return default if value is None else self._decoded(name, lambda v: go_int(v, bounds=bounds), value)
 
     def flag(self, name: str, default: bool = False, source: Mapping[str, Any] | None = None) -> bool:
         value = self.get(name, source)
