@@ -237,7 +237,7 @@ def _show(value: Any) -> str:
 
 def go_string(value: Any, go_type: str = "string") -> str:
     """A Go ``string``; a lone surrogate (from a ``\\ud800`` escape) becomes U+FFFD, as in Go."""
-    if type(value) is str:
+    if isinstance(value, str):
         return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
     if value is None:
         return ""
@@ -247,7 +247,7 @@ def go_string(value: Any, go_type: str = "string") -> str:
 def go_int(value: Any, go_type: str = "int", bounds: tuple[int, int] | None = INT64) -> int:
     """A Go integer type within ``bounds``: a JSON number without fraction or exponent (``bounds``
     ``None``: any, for a caller that checks the range itself with its own message)."""
-    if type(value) is int:
+    if isinstance(value, int) and not isinstance(value, bool):
         if bounds is None or bounds[0] <= value <= bounds[1]:
             return value
         raise GoValueError(value, "an integer", go_type, bounds=bounds)
@@ -257,7 +257,7 @@ def go_int(value: Any, go_type: str = "int", bounds: tuple[int, int] | None = IN
 
 
 def go_bool(value: Any, go_type: str = "bool") -> bool:
-    if type(value) is bool:
+    if isinstance(value, bool):
         return value
     if value is None:
         return False

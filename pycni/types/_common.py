@@ -142,10 +142,6 @@ def members(value: Any, keys: ObjectKeys) -> dict[Any, Any]:
     return out
 
 
-# A result's scalars are Go's: the reader's typed getters.
-text, integer = go_string, go_int
-
-
 def optional_integer(value: Any) -> int | None:
     """A Go ``*int``: ``None`` when absent or null, so an explicit 0 survives."""
     return None if value is None else go_int(value)
@@ -279,7 +275,7 @@ def decode_dns(value: Any) -> DNS:
     try:
         nameservers = strings(obj.get("nameservers"))
         key = "domain"
-        domain = text(obj.get("domain"))
+        domain = go_string(obj.get("domain"))
         key = "search"
         search = strings(obj.get("search"))
         key = "options"
@@ -337,11 +333,11 @@ def decode_route(value: Any) -> Route:
         key = "gw"
         gw = address(obj.get("gw"))
         key = "mtu"
-        mtu = integer(obj.get("mtu"))
+        mtu = go_int(obj.get("mtu"))
         key = "advmss"
-        advmss = integer(obj.get("advmss"))
+        advmss = go_int(obj.get("advmss"))
         key = "priority"
-        priority = integer(obj.get("priority"))
+        priority = go_int(obj.get("priority"))
         key = "table"
         table = optional_integer(obj.get("table"))
         key = "scope"
@@ -356,7 +352,7 @@ def declared_version(value: Any, versions: tuple[str, ...]) -> str:
     if not isinstance(value, dict):
         return ""  # the decoder reports the wrong type
     try:
-        version = text(value.get("cniVersion"))
+        version = go_string(value.get("cniVersion"))
     except GoValueError as e:
         raise e.at("cniVersion") from None
     if version and version not in versions:

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from .._json import GoValueError
+from .._json import GoValueError, go_int, go_string
 from ._common import (
     DNS,
     EMPTY_DNS,
@@ -25,13 +25,11 @@ from ._common import (
     declared_version,
     decode_dns,
     decode_route,
-    integer,
     invalid,
     members,
     object_keys,
     optional_integer,
     route_tuple,
-    text,
 )
 
 __all__ = ["Interface", "IPConfig", "Result"]
@@ -78,17 +76,17 @@ def decode_interface(value: Any) -> Interface:
     obj = members(value, _INTERFACE_KEYS)
     key = "name"
     try:
-        name = text(obj.get("name"))
+        name = go_string(obj.get("name"))
         key = "mac"
-        mac = text(obj.get("mac"))
+        mac = go_string(obj.get("mac"))
         key = "mtu"
-        mtu = integer(obj.get("mtu"))
+        mtu = go_int(obj.get("mtu"))
         key = "sandbox"
-        sandbox = text(obj.get("sandbox"))
+        sandbox = go_string(obj.get("sandbox"))
         key = "socketPath"
-        socket_path = text(obj.get("socketPath"))
+        socket_path = go_string(obj.get("socketPath"))
         key = "pciID"
-        pci_id = text(obj.get("pciID"))
+        pci_id = go_string(obj.get("pciID"))
     except GoValueError as e:
         raise e.at(key) from None
     return Interface(name, mac, mtu, sandbox, socket_path, pci_id)

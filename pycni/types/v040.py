@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from .._json import GoValueError
+from .._json import GoValueError, go_string
 from ._common import (
     DNS,
     EMPTY_DNS,
@@ -31,7 +31,6 @@ from ._common import (
     object_keys,
     optional_integer,
     route_tuple,
-    text,
 )
 from .current import Interface, interface_tuple
 
@@ -73,7 +72,7 @@ def decode_ip_config(value: Any) -> IPConfig040:
     obj = members(value, _IP_KEYS)
     key = "version"
     try:
-        version = text(obj.get("version"))
+        version = go_string(obj.get("version"))
         key = "interface"
         interface = optional_integer(obj.get("interface"))
         key = "address"
@@ -102,11 +101,11 @@ def decode_interface(value: Any) -> Interface:
     obj = members(value, _INTERFACE_KEYS)
     key = "name"
     try:
-        name = text(obj.get("name"))
+        name = go_string(obj.get("name"))
         key = "mac"
-        mac = text(obj.get("mac"))
+        mac = go_string(obj.get("mac"))
         key = "sandbox"
-        sandbox = text(obj.get("sandbox"))
+        sandbox = go_string(obj.get("sandbox"))
     except GoValueError as e:
         raise e.at(key) from None
     return Interface(name, mac, sandbox=sandbox)

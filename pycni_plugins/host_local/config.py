@@ -152,13 +152,9 @@ def _each(items: list[Any], decode: Callable[[Any], T], field: str) -> list[T]:
         try:
             out.append(decode(item))
         except GoValueError as e:
-            raise _type_error(e if e.field else _named(e, field)) from None
+            e.field = e.field or field
+            raise _type_error(e) from None
     return out
-
-
-def _named(e: GoValueError, field: str) -> GoValueError:
-    e.field = field
-    return e
 
 
 _SUBNET = GoFields("subnet")
@@ -199,7 +195,8 @@ def _decode_route(value: Any) -> Route:
         _decode_cidr(dst_text)  # Go's checks and texts; then pycni.types' (cached) parse of the same text
         gw = _decode_ip(f.get("gw"))
     except GoValueError as e:
-        raise _type_error(_named(e, _ROUTE)) from None
+        e.field = _ROUTE
+        raise _type_error(e) from None
     # The CNI 1.1 route attributes, passed through like the latest plugin.
     ints = {key: f.integer(key) for key in _ROUTE_INTS if f.get(key) is not None}
     return Route(_types.cidr(dst_text), gw, **ints)
