@@ -11,13 +11,21 @@ import functools
 import json
 import math
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 __all__ = [
     "JSONDecodeFailure",
     "GoFields",
+    "GoReader",
+    "GoValueError",
+    "INT64",
     "Repeated",
+    "go_array",
+    "go_bool",
+    "go_int",
+    "go_object",
+    "go_string",
     "go_field",
     "go_fold",
     "members_of",
@@ -142,6 +150,197 @@ def go_field(obj: Mapping[str, Any], name: str) -> Any:
     return _single_field(name).pick(obj).get(name)
 
 
+T = TypeVar("T")
+
+#: Go's ``int`` (int64).
+INT64 = (-(2**63), 2**63 - 1)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class GoValueError(ValueError):
+    """A JSON value Go's decoder cannot put into its field: of another JSON type than ``wanted``
+    (``"a string"``), an integer outside ``bounds``, or (``text``) a problem a caller words itself.
+
+    Each family words it its own way, from the same facts: :meth:`go_message` is Go's
+    ``json: cannot unmarshal …`` (configs, plugins), :meth:`problem` pycni's ``expected …, got …``
+    (results, Nomad's models) after the ``path`` of keys and indexes (innermost first, :meth:`at`).
+    """
+
+    def __init__(
+        self,
+        value: Any = None,
+        wanted: str = "",
+        go_type: str = "",
+        *,
+        bounds: tuple[int, int] | None = None,
+        text: str = "",
+    ) -> None:
+        self.value, self.wanted, self.go_type, self.bounds, self.text = value, wanted, go_type, bounds, text
+        self.field = ""
+        """The Go struct field (``Struct.name``) Go's message names; set by :class:`GoReader`."""
+        self.path: list[str | int] = []
+        super().__init__(text or self.problem())
+
+    def at(self, segment: str | int) -> GoValueError:
+        """Record the key (``str``; a ``[…]`` one is a map key, kept as written) or index outside."""
+        self.path.append(segment)
+        return self
+
+    def where(self) -> str:
+        out = ""
+        for seg in reversed(self.path):
+            out += f"[{seg}]" if isinstance(seg, int) else (seg if not out or seg[:1] == "[" else f".{seg}")
+        return out
+
+    def go_message(self, field: str = "") -> str:
+        """Go's own text, naming ``field`` (default: the one recorded)."""
+        if self.text:
+            return self.text
+        shown = f"number {self.value}" if self.bounds is not None else go_kind(self.value)
+        return f"json: cannot unmarshal {shown} into Go struct field {field or self.field} of type {self.go_type}"
+
+    def problem(self, *, literal: bool = False) -> str:
+        """pycni's text: the value's kind (``literal``: the value itself, and the bounds)."""
+        value = self.value
+        if self.text:
+            return self.text
+        if self.bounds is not None:
+            if literal:
+                shown = str(value) if value.bit_length() <= 128 else "a too large number"
+                return f"integer {shown} out of range [{self.bounds[0]}, {self.bounds[1]}]"
+            shown = str(value) if value.bit_length() <= 128 else f"with {value.bit_length()} bits"
+            return f"integer {shown} out of range"
+        if literal or (isinstance(value, float) and self.wanted == "an integer"):
+            return f"expected {self.wanted}, got {_show(value)}"
+        return f"expected {self.wanted}, got {kind(value)}"
+
+
+def _show(value: Any) -> str:
+    """A decoded value as messages quote it: scalars as JSON (strings cut at 40), else its kind."""
+    if value is None or isinstance(value, (list, dict)):
+        return kind(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value) if value.bit_length() <= 128 else "a too large number"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        text = json.dumps(value[:40])
+        return text if len(value) <= 40 else text[:-1] + '..."'
+    return kind(value)
+
+
+# The typed getters: Go's decoding of one JSON value into a Go type. ``null`` (or absence,
+# ``None``) gives the zero value; no coercion (a string is never a number, 1.0 is no int).
+
+
+def go_string(value: Any, go_type: str = "string") -> str:
+    """A Go ``string``; a lone surrogate (from a ``\\ud800`` escape) becomes U+FFFD, as in Go."""
+    if isinstance(value, str):
+        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
+    if value is None:
+        return ""
+    raise GoValueError(value, "a string", go_type)
+
+
+def go_int(value: Any, go_type: str = "int", bounds: tuple[int, int] | None = INT64) -> int:
+    """A Go integer type within ``bounds``: a JSON number without fraction or exponent (``bounds``
+    ``None``: any, for a caller that checks the range itself with its own message)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if bounds is None or bounds[0] <= value <= bounds[1]:
+            return value
+        raise GoValueError(value, "an integer", go_type, bounds=bounds)
+    if value is None:
+        return 0
+    raise GoValueError(value, "an integer", go_type)
+
+
+def go_bool(value: Any, go_type: str = "bool") -> bool:
+    if isinstance(value, bool):
+        return value
+    if value is None:
+        return False
+    raise GoValueError(value, "a boolean", go_type)
+
+
+def go_object(value: Any, go_type: str = "object") -> Mapping[str, Any]:
+    """A Go struct or map: the decoded object (``{}`` for null)."""
+    if isinstance(value, dict):
+        return value
+    if value is None:
+        return {}
+    raise GoValueError(value, "an object", go_type)
+
+
+def go_array(value: Any, go_type: str = "array") -> list[Any]:
+    """A Go slice: the decoded array (``[]`` for null)."""
+    if isinstance(value, list):
+        return value
+    if value is None:
+        return []
+    raise GoValueError(value, "an array", go_type)
+
+
+class GoReader:
+    """Typed reads of the fields of a Go struct ``struct`` from a decoded JSON object, by Go's
+    rules: the key reaching a field is found as :class:`GoFields` finds it (the later of two
+    winning), ``null`` or no key gives the default, and a value of another JSON type is a
+    :class:`GoValueError` naming ``struct.field``, which ``error`` turns into the caller's error.
+
+    ``source`` reads another object (a nested struct) with the same error rule.
+    """
+
+    __slots__ = ("obj", "struct", "_error")
+
+    def __init__(
+        self,
+        obj: Mapping[str, Any],
+        struct: str = "",
+        error: Callable[[GoValueError], Exception] | None = None,
+    ) -> None:
+        self.obj, self.struct, self._error = obj, struct, error
+
+    def get(self, name: str, source: Mapping[str, Any] | None = None) -> Any:
+        return go_field(self.obj if source is None else source, name)
+
+    def read(self, name: str, decode: Callable[[Any], T], source: Mapping[str, Any] | None = None) -> T:
+        """Field ``name`` through ``decode`` (a typed getter); its error names the field."""
+        return self._decoded(name, decode, self.get(name, source))
+
+    def _decoded(self, name: str, decode: Callable[[Any], T], value: Any) -> T:
+        try:
+            return decode(value)
+        except GoValueError as e:
+            e.field = f"{self.struct}.{name}"
+            e.at(name)
+            raise (e if self._error is None else self._error(e)) from None
+
+    def string(self, name: str, default: str = "", source: Mapping[str, Any] | None = None) -> str:
+        value = self.get(name, source)
+        return default if value is None else self._decoded(name, go_string, value)
+
+    def integer(
+        self,
+        name: str,
+        default: int = 0,
+        source: Mapping[str, Any] | None = None,
+        bounds: tuple[int, int] | None = INT64,
+    ) -> int:
+        value = self.get(name, source)
+        return default if value is None else self._decoded(name, lambda v: go_int(v, bounds=bounds), value)
+
+    def flag(self, name: str, default: bool = False, source: Mapping[str, Any] | None = None) -> bool:
+        value = self.get(name, source)
+        return default if value is None else self._decoded(name, go_bool, value)
+
+    def mapping(self, name: str, source: Mapping[str, Any] | None = None, go_type: str = "object") -> Mapping[str, Any]:
+        return self.read(name, lambda v: go_object(v, go_type), source)
+
+    def array(self, name: str, source: Mapping[str, Any] | None = None, go_type: str = "array") -> list[Any]:
+        return self.read(name, lambda v: go_array(v, go_type), source)
+
+
 def loads(data: bytes | str, *, float64_numbers: bool = False, go_maps: bool = False) -> Any:
     """Decode one JSON document; raise :class:`JSONDecodeFailure` with a readable reason.
 
@@ -174,9 +373,6 @@ def dumps_compact(value: Any, *, sort_keys: bool = False) -> str:
 
 
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def go_escape(encoded: str) -> str:

@@ -143,42 +143,37 @@ _FIELDS = {name: _json.GoFields(*fields) for name, fields in _STRUCTS.items()}
 _PLUGIN_CONF = _FIELDS["PluginConf"]
 
 
-class _Mismatch(Exception):
-    def __init__(self, value: Any, field: str, go_type: str) -> None:
-        super().__init__(
-            f"json: cannot unmarshal {_json.go_kind(value)} into Go struct field {field} of type {go_type}"
-        )
-
-
 def _check(value: Any, go_type: str, field: str) -> None:
-    """Raise :class:`_Mismatch` where Go's decoder reports a type error (``null`` never is one)."""
-    if value is None:
-        return
-    if go_type.startswith("[]"):
-        if not isinstance(value, list):
-            raise _Mismatch(value, field, go_type)
-        for item in value:
-            _check(item, go_type[2:], field)
-    elif go_type in _STRUCTS or go_type.startswith("map["):
-        if not isinstance(value, dict):
-            raise _Mismatch(value, field, go_type)
-        if go_type in _STRUCTS:
+    """Raise :class:`~pycni._json.GoValueError` where Go's decoder reports a type error (``null``
+    never is one), naming ``field`` as Go does (an element's error names its slice or map)."""
+    try:
+        if go_type.startswith("[]"):
+            for item in _json.go_array(value, go_type):
+                _check(item, go_type[2:], field)
+        elif go_type in _STRUCTS:
             types = _STRUCTS[go_type]
-            for name, item in _FIELDS[go_type].pairs(value):
+            for name, item in _FIELDS[go_type].pairs(_json.go_object(value, go_type)):
                 _check(item, types[name], f"{field}.{name}")
         elif go_type == "map[string]bool":
-            for item in value.values():
+            for item in _json.go_object(value, go_type).values():
                 _check(item, "bool", field)
-    elif not isinstance(value, str if go_type == "string" else bool):
-        raise _Mismatch(value, field, go_type)
+        elif go_type.startswith("map["):
+            _json.go_object(value, go_type)
+        elif go_type == "string":
+            _json.go_string(value)
+        else:
+            _json.go_bool(value, go_type)
+    except _json.GoValueError as e:
+        e.field = e.field or field
+        raise
 
 
 def _plugin(raw: dict[str, Any], source: str | None, data: bytes = b"") -> NetworkConfig:
     """libcni's ``NetworkPluginConfFromBytes``: decode into ``types.PluginConf``, require a type."""
     try:
         _check(raw, "PluginConf", "PluginConf")
-    except _Mismatch as e:
-        raise ConfigError(f"error parsing configuration: {e}", path=source) from None
+    except _json.GoValueError as e:
+        raise ConfigError(f"error parsing configuration: {e.go_message()}", path=source) from None
     conf = NetworkConfig(raw=raw, source=source or "", data=data)
     if not conf.type:
         raise ConfigError("error parsing configuration: missing 'type'", path=source)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from pycni import netns
-from pycni._json import go_field, go_kind
+from pycni._json import GoReader, go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.sdk import Attachment, GCAttachment, GCReport, PluginRequest, delegate, ifname_problem
 from pycni.types import Result, convert, parse_result
@@ -67,41 +67,19 @@ def netns_gone(e: BaseException) -> bool:
     return isinstance(e, netns.NetnsError) and e.errno in (errno.ENOENT, errno.EINVAL)
 
 
-class Fields:
-    """Typed reads of a plugin's JSON config; type errors read like Go's ``json.Unmarshal``.
+class Fields(GoReader):
+    """Typed reads of a plugin's JSON config (:class:`pycni._json.GoReader`); type errors read
+    like Go's ``json.Unmarshal``, wrapped in ``prefix`` (``failed to load netconf``) as the
+    reference plugins wrap them, with code 999."""
 
-    ``prefix`` wraps every error (``failed to load netconf``), as the reference plugins do.
-    """
+    __slots__ = ("prefix",)
 
     def __init__(self, config: Mapping[str, Any], prefix: str) -> None:
-        self.config = config
+        super().__init__(config, error=lambda e: self.error(e.go_message()))
         self.prefix = prefix
 
     def error(self, msg: str) -> CNIError:
         return fail(f"{self.prefix}: {msg}")
-
-    def _typed(self, key: str, kind: type[T], go: str, default: T, source: Mapping[str, Any] | None) -> T:
-        value = go_field(self.config if source is None else source, key)
-        if value is None:
-            return default
-        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            raise self.error(f"json: cannot unmarshal {go_kind(value)} into Go struct field .{key} of type {go}")
-        return value
-
-    def flag(self, key: str, default: bool = False, source: Mapping[str, Any] | None = None) -> bool:
-        return self._typed(key, bool, "bool", default, source)
-
-    def integer(self, key: str, default: int = 0, source: Mapping[str, Any] | None = None) -> int:
-        return self._typed(key, int, "int", default, source)
-
-    def string(self, key: str, default: str = "", source: Mapping[str, Any] | None = None) -> str:
-        return self._typed(key, str, "string", default, source)
-
-    def mapping(self, key: str, source: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
-        return self._typed(key, dict, "object", {}, source)
-
-    def array(self, key: str, source: Mapping[str, Any] | None = None) -> list[Any]:
-        return self._typed(key, list, "array", [], source)
 
 
 def _as_current(data: Any, version: str) -> Result:

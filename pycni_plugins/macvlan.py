@@ -83,7 +83,7 @@ def load_config(request: PluginRequest) -> MacvlanConfig:
     mode = f.string("mode")
     if mode not in MODES:
         raise fail(f'unknown macvlan mode: "{mode}"')
-    bcq = f.integer("bcqueuelen")
+    bcq = f.integer("bcqueuelen", bounds=None)  # a uint32, checked with the reference's message
     if not 0 <= bcq < 2**32:
         raise f.error(f"json: cannot unmarshal number {bcq} into Go struct field NetConf.bcqueuelen of type uint32")
     mac = f.string("mac")

@@ -26,11 +26,11 @@ from typing import Any
 import attrs
 
 from pycni import version as _version
-from pycni._json import go_kind
+from pycni._json import GoValueError, go_kind
 from pycni.errors import CNIError
 from pycni.sdk import Plugin, PluginRequest
 from pycni.types import DNS, IPConfig, Result, Route
-from pycni.types._common import Invalid, address, cidr
+from pycni.types._common import address, cidr
 
 from ._common import Fields, emit, fail, prev_result
 
@@ -51,7 +51,7 @@ def _cidr(text: Any, message: str) -> ipaddress.IPv4Interface | ipaddress.IPv6In
         raise fail(message.format(text if isinstance(text, str) else text))
     try:
         return cidr(text)
-    except Invalid:
+    except GoValueError:
         raise fail(message.format(text)) from None
 
 
@@ -77,7 +77,7 @@ def load_config(request: PluginRequest) -> StaticConfig:
             raise fail("json: cannot unmarshal into Go struct field IPAMConfig.ipam.addresses of type main.Address")
         try:
             gw = address(entry.get("gateway"))
-        except Invalid:
+        except GoValueError:
             raise fail(f"invalid IP address: {entry.get('gateway')}") from None
         text = entry.get("address", "")
         entries.append([_cidr(text, "the 'address' field is expected to be in CIDR notation, got: '{}'"), gw])

@@ -54,7 +54,7 @@ def _config(request: PluginRequest) -> tuple[str, int]:
         raise fail("configuration is expected to have a valid vrf name")
     if not is_link_name(name):
         raise fail(f'invalid vrf name "{name}": not a valid interface name')
-    table = f.integer("table")
+    table = f.integer("table", bounds=None)  # a uint32, checked with the reference's message
     if not 0 <= table < 2**32:
         raise f.error(f"json: cannot unmarshal number {table} into Go struct field VRFNetConf.table of type uint32")
     if table in (253, 254, 255):

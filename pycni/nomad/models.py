@@ -1,11 +1,13 @@
 """The slice of Nomad's allocation and node that the CNI configurator reads, as attrs models.
 
 Input is what Nomad's HTTP API serialises (``/v1/allocation/:id``, ``/v1/node/:id``): PascalCase
-keys, no json tags. Decoding follows Go's ``encoding/json`` into those structs: keys match
-case-insensitively (the last matching key wins), unknown keys are ignored, ``null`` leaves the
-zero value, numbers must fit the Go type (``int`` = int64, ``uint16``) and never be fractional.
-A value of the wrong type is a :class:`~pycni.nomad.errors.DecodeError` naming the field path,
-e.g. ``Job.TaskGroups[0].Networks[1].DynamicPorts[0].Value: expected an integer, got "x"``.
+keys, no json tags. Each model is declared: every attrs field names its Go field and Go type in
+its metadata (:func:`_go`), and one function, :func:`_decode`, decodes any model from JSON as Go's
+``encoding/json`` decodes into those structs, with :mod:`pycni._json`'s reader rules: keys match
+exactly else case-insensitively (the last matching key wins), unknown keys are ignored, ``null``
+leaves the zero value, numbers must fit the Go type (``int`` = int64, ``uint16``) and never be
+fractional. A value of the wrong type is a :class:`~pycni.nomad.errors.DecodeError` naming the
+field path, e.g. ``Job.TaskGroups[0].Networks[1].DynamicPorts[0].Value: expected an integer, got "x"``.
 
 Where Go would panic (no ``Job``, no such task group) this is a ``DecodeError`` too; a missing
 ``AllocatedResources`` reads as empty.
@@ -14,13 +16,13 @@ Where Go would panic (no ``Job``, no such task group) this is a ``DecodeError`` 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
 
 from .. import _json
+from .._json import GoValueError
 from .errors import DecodeError
 
 __all__ = [
@@ -43,14 +45,97 @@ __all__ = [
     "load_json",
 ]
 
-T = TypeVar("T")
+A = TypeVar("A", bound=attrs.AttrsInstance)
 
-INT64 = (-(2**63), 2**63 - 1)
 UINT16 = (0, 2**16 - 1)
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-# -- decoding helpers ----------------------------------------------------------------------------
+# -- the Go types, and the one decoder -----------------------------------------------------------
+
+Decode = Callable[[Any], Any]
+"""How one Go type is decoded from a JSON value; a wrong value raises :class:`GoValueError`."""
+
+_GO = "pycni.go"
+
+
+def _go(name: str, decode: Decode) -> dict[str, Any]:
+    """The metadata of an attrs field decoded from the Go struct field ``name`` by ``decode``."""
+    return {_GO: (name, decode)}
+
+
+def _decode(cls: type[A], value: Any) -> A:
+    """Decode a declared model (a Go struct) from a JSON object; ``null`` is the zero struct."""
+    obj = _json.go_object(value)
+    kwargs = {}
+    for field in attrs.fields(cls):
+        name, decode = field.metadata[_GO]
+        try:
+            kwargs[field.name] = decode(_json.go_field(obj, name))
+        except GoValueError as e:
+            raise e.at(name) from None
+    return cls(**kwargs)
+
+
+def _struct(cls: type[Any]) -> Decode:
+    return lambda value: _decode(cls, value)
+
+
+def _pointer(cls: type[Any]) -> Decode:
+    """A Go pointer to a struct: ``None`` for null."""
+    return lambda value: None if value is None else _decode(cls, value)
+
+
+def _slice(item: Decode, *, pointers: bool = False, nil: bool = False) -> Decode:
+    """A Go slice as a tuple (``nil``: null is ``None``, Go's nil slice, which Nomad serialises as
+    null; else ``()``). A null element of a slice of pointers would be a nil Nomad dereferences,
+    so it is refused; of values it is the zero value."""
+
+    def decode(value: Any) -> tuple[Any, ...] | None:
+        if value is None:
+            return None if nil else ()
+        out = []
+        for i, element in enumerate(_json.go_array(value)):
+            try:
+                if element is None and pointers:
+                    raise GoValueError(None, "an object")
+                out.append(item(element))
+            except GoValueError as e:
+                raise e.at(i) from None
+        return tuple(out)
+
+    return decode
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    """A Go ``map[string]string`` (keys exact, as a map's are)."""
+    out = {}
+    for key, item in _json.go_object(value).items():
+        try:
+            out[key] = _json.go_string(item)
+        except GoValueError as e:
+            raise e.at(f"[{json.dumps(key)}]") from None
+    return out
+
+
+STRING, INT, BOOL = _json.go_string, _json.go_int, _json.go_bool
+
+
+def _uint16(value: Any) -> int:
+    return _json.go_int(value, "uint16", UINT16)
+
+
+class _Model:
+    """What every declared model has: ``from_json``, the one decoder with Nomad's errors."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_json(cls: type[A], data: Any) -> A:
+        """Decode from Nomad's API JSON; a wrong value is a :class:`DecodeError` naming its path."""
+        try:
+            return _decode(cls, data)
+        except GoValueError as e:
+            raise DecodeError(e.where(), e.problem(literal=True)) from None
 
 
 def load_json(data: bytes | str, what: str) -> Any:
@@ -61,245 +146,88 @@ def load_json(data: bytes | str, what: str) -> Any:
         raise DecodeError("", f"{what} is not valid JSON: {e}") from None
 
 
-def _show(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value) if value.bit_length() <= 128 else "a too large number"
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, str):
-        text = json.dumps(value[:40])
-        return text if len(value) <= 40 else text[:-1] + '..."'
-    return "an array" if isinstance(value, list) else "an object"
-
-
-def _object(value: Any, path: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise DecodeError(path, f"expected an object, got {_show(value)}")
-    return value
-
-
-def _str(value: Any, path: str) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise DecodeError(path, f"expected a string, got {_show(value)}")
-    # Go decodes a lone UTF-16 surrogate escape as U+FFFD.
-    return _SURROGATE.sub("\ufffd", value)
-
-
-def _int(value: Any, path: str, bounds: tuple[int, int] = INT64) -> int:
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DecodeError(path, f"expected an integer, got {_show(value)}")
-    lo, hi = bounds
-    if not lo <= value <= hi:
-        raise DecodeError(path, f"integer {_show(value)} out of range [{lo}, {hi}]")
-    return value
-
-
-def _bool(value: Any, path: str) -> bool:
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise DecodeError(path, f"expected a boolean, got {_show(value)}")
-    return value
-
-
-def _list(value: Any, path: str, item: Callable[[Any, str], T], *, pointers: bool = False) -> tuple[T, ...] | None:
-    """A JSON array (``None`` for null/absent, as Go's nil slice). A null element of a slice of
-    pointers would be a nil Nomad dereferences, so it is refused; of values it is the zero value."""
-    if value is None:
-        return None
-    if not isinstance(value, list):
-        raise DecodeError(path, f"expected an array, got {_show(value)}")
-    out = []
-    for i, element in enumerate(value):
-        where = f"{path}[{i}]"
-        if element is None and pointers:
-            raise DecodeError(where, "expected an object, got null")
-        out.append(item(element, where))
-    return tuple(out)
-
-
-def _str_map(value: Any, path: str) -> dict[str, str]:
-    obj = _object(value, path)
-    return {_str(k, path): _str(v, f"{path}[{json.dumps(k)}]") for k, v in obj.items()}
-
-
-def _get(obj: Mapping[str, Any], path: str, name: str, conv: Callable[[Any, str], T]) -> T:
-    return conv(_json.go_field(obj, name), f"{path}.{name}" if path else name)
-
-
-def _seq(items: tuple[T, ...] | None) -> tuple[T, ...]:
-    return items or ()
-
-
 # -- job spec ------------------------------------------------------------------------------------
 
 
 @attrs.frozen
-class Port:
+class Port(_Model):
     """``structs.Port``: a jobspec or allocated network port (``To`` -1 means "same as host")."""
 
-    label: str = ""
-    value: int = 0
-    to: int = 0
-    host_network: str = ""
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> Port:
-        obj = _object(data, path)
-        return cls(
-            label=_get(obj, path, "Label", _str),
-            value=_get(obj, path, "Value", _int),
-            to=_get(obj, path, "To", _int),
-            host_network=_get(obj, path, "HostNetwork", _str),
-        )
+    label: str = attrs.field(default="", metadata=_go("Label", STRING))
+    value: int = attrs.field(default=0, metadata=_go("Value", INT))
+    to: int = attrs.field(default=0, metadata=_go("To", INT))
+    host_network: str = attrs.field(default="", metadata=_go("HostNetwork", STRING))
 
 
 @attrs.frozen
-class CNIConfig:
+class CNIConfig(_Model):
     """``network.cni`` of the jobspec: extra CNI args."""
 
-    args: Mapping[str, str] = attrs.field(factory=dict)
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> CNIConfig | None:
-        if data is None:
-            return None
-        obj = _object(data, path)
-        return cls(args=_get(obj, path, "Args", _str_map))
+    args: Mapping[str, str] = attrs.field(factory=dict, metadata=_go("Args", _str_map))
 
 
 @attrs.frozen
-class NetworkResource:
-    mode: str = ""
-    reserved_ports: tuple[Port, ...] = ()
-    dynamic_ports: tuple[Port, ...] = ()
-    cni: CNIConfig | None = None
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> NetworkResource:
-        obj = _object(data, path)
-        return cls(
-            mode=_get(obj, path, "Mode", _str),
-            reserved_ports=_seq(_get(obj, path, "ReservedPorts", lambda v, p: _list(v, p, Port.from_json))),
-            dynamic_ports=_seq(_get(obj, path, "DynamicPorts", lambda v, p: _list(v, p, Port.from_json))),
-            cni=_get(obj, path, "CNI", CNIConfig.from_json),
-        )
+class NetworkResource(_Model):
+    mode: str = attrs.field(default="", metadata=_go("Mode", STRING))
+    reserved_ports: tuple[Port, ...] = attrs.field(default=(), metadata=_go("ReservedPorts", _slice(_struct(Port))))
+    dynamic_ports: tuple[Port, ...] = attrs.field(default=(), metadata=_go("DynamicPorts", _slice(_struct(Port))))
+    cni: CNIConfig | None = attrs.field(default=None, metadata=_go("CNI", _pointer(CNIConfig)))
 
 
-def _networks(value: Any, path: str) -> tuple[NetworkResource, ...]:
-    return _seq(_list(value, path, NetworkResource.from_json, pointers=True))
-
-
-def _strs(value: Any, path: str) -> tuple[str, ...] | None:
-    return _list(value, path, _str)
+_NETWORKS = _slice(_struct(NetworkResource), pointers=True)
+_STRINGS = _slice(STRING, nil=True)
 
 
 @attrs.frozen
-class TransparentProxy:
+class TransparentProxy(_Model):
     """``transparent_proxy`` block. ``None`` lists were nil in Go (and serialise as null)."""
 
-    uid: str = ""
-    outbound_port: int = 0
-    exclude_inbound_ports: tuple[str, ...] | None = None
-    exclude_outbound_ports: tuple[int, ...] | None = None
-    exclude_outbound_cidrs: tuple[str, ...] | None = None
-    exclude_uids: tuple[str, ...] | None = None
-    no_dns: bool = False
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> TransparentProxy | None:
-        if data is None:
-            return None
-        obj = _object(data, path)
-        return cls(
-            uid=_get(obj, path, "UID", _str),
-            outbound_port=_get(obj, path, "OutboundPort", lambda v, p: _int(v, p, UINT16)),
-            exclude_inbound_ports=_get(obj, path, "ExcludeInboundPorts", _strs),
-            exclude_outbound_ports=_get(
-                obj, path, "ExcludeOutboundPorts", lambda v, p: _list(v, p, lambda e, q: _int(e, q, UINT16))
-            ),
-            exclude_outbound_cidrs=_get(obj, path, "ExcludeOutboundCIDRs", _strs),
-            exclude_uids=_get(obj, path, "ExcludeUIDs", _strs),
-            no_dns=_get(obj, path, "NoDNS", _bool),
-        )
+    uid: str = attrs.field(default="", metadata=_go("UID", STRING))
+    outbound_port: int = attrs.field(default=0, metadata=_go("OutboundPort", _uint16))
+    exclude_inbound_ports: tuple[str, ...] | None = attrs.field(
+        default=None, metadata=_go("ExcludeInboundPorts", _STRINGS)
+    )
+    exclude_outbound_ports: tuple[int, ...] | None = attrs.field(
+        default=None, metadata=_go("ExcludeOutboundPorts", _slice(_uint16, nil=True))
+    )
+    exclude_outbound_cidrs: tuple[str, ...] | None = attrs.field(
+        default=None, metadata=_go("ExcludeOutboundCIDRs", _STRINGS)
+    )
+    exclude_uids: tuple[str, ...] | None = attrs.field(default=None, metadata=_go("ExcludeUIDs", _STRINGS))
+    no_dns: bool = attrs.field(default=False, metadata=_go("NoDNS", BOOL))
 
 
 @attrs.frozen
-class ExposePath:
-    path: str = ""
-    protocol: str = ""
-    local_path_port: int = 0
-    listener_port: str = ""
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> ExposePath:
-        obj = _object(data, path)
-        return cls(
-            path=_get(obj, path, "Path", _str),
-            protocol=_get(obj, path, "Protocol", _str),
-            local_path_port=_get(obj, path, "LocalPathPort", _int),
-            listener_port=_get(obj, path, "ListenerPort", _str),
-        )
+class ExposePath(_Model):
+    path: str = attrs.field(default="", metadata=_go("Path", STRING))
+    protocol: str = attrs.field(default="", metadata=_go("Protocol", STRING))
+    local_path_port: int = attrs.field(default=0, metadata=_go("LocalPathPort", INT))
+    listener_port: str = attrs.field(default="", metadata=_go("ListenerPort", STRING))
 
 
 @attrs.frozen
-class Expose:
-    paths: tuple[ExposePath, ...] = ()
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> Expose | None:
-        if data is None:
-            return None
-        obj = _object(data, path)
-        return cls(paths=_seq(_get(obj, path, "Paths", lambda v, p: _list(v, p, ExposePath.from_json))))
+class Expose(_Model):
+    paths: tuple[ExposePath, ...] = attrs.field(default=(), metadata=_go("Paths", _slice(_struct(ExposePath))))
 
 
 @attrs.frozen
-class Proxy:
-    transparent_proxy: TransparentProxy | None = None
-    expose: Expose | None = None
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> Proxy | None:
-        if data is None:
-            return None
-        obj = _object(data, path)
-        return cls(
-            transparent_proxy=_get(obj, path, "TransparentProxy", TransparentProxy.from_json),
-            expose=_get(obj, path, "Expose", Expose.from_json),
-        )
+class Proxy(_Model):
+    transparent_proxy: TransparentProxy | None = attrs.field(
+        default=None, metadata=_go("TransparentProxy", _pointer(TransparentProxy))
+    )
+    expose: Expose | None = attrs.field(default=None, metadata=_go("Expose", _pointer(Expose)))
 
 
 @attrs.frozen
-class SidecarService:
-    proxy: Proxy | None = None
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> SidecarService | None:
-        if data is None:
-            return None
-        return cls(proxy=_get(_object(data, path), path, "Proxy", Proxy.from_json))
+class SidecarService(_Model):
+    proxy: Proxy | None = attrs.field(default=None, metadata=_go("Proxy", _pointer(Proxy)))
 
 
 @attrs.frozen
-class Connect:
-    sidecar_service: SidecarService | None = None
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> Connect | None:
-        if data is None:
-            return None
-        return cls(sidecar_service=_get(_object(data, path), path, "SidecarService", SidecarService.from_json))
+class Connect(_Model):
+    sidecar_service: SidecarService | None = attrs.field(
+        default=None, metadata=_go("SidecarService", _pointer(SidecarService))
+    )
 
     @property
     def proxy(self) -> Proxy | None:
@@ -308,19 +236,10 @@ class Connect:
 
 
 @attrs.frozen
-class Service:
-    name: str = ""
-    cluster: str = ""
-    connect: Connect | None = None
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> Service:
-        obj = _object(data, path)
-        return cls(
-            name=_get(obj, path, "Name", _str),
-            cluster=_get(obj, path, "Cluster", _str),
-            connect=_get(obj, path, "Connect", Connect.from_json),
-        )
+class Service(_Model):
+    name: str = attrs.field(default="", metadata=_go("Name", STRING))
+    cluster: str = attrs.field(default="", metadata=_go("Cluster", STRING))
+    connect: Connect | None = attrs.field(default=None, metadata=_go("Connect", _pointer(Connect)))
 
     @property
     def proxy(self) -> Proxy | None:
@@ -334,19 +253,12 @@ class Service:
 
 
 @attrs.frozen
-class TaskGroup:
-    name: str = ""
-    networks: tuple[NetworkResource, ...] = ()
-    services: tuple[Service, ...] = ()
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> TaskGroup:
-        obj = _object(data, path)
-        return cls(
-            name=_get(obj, path, "Name", _str),
-            networks=_get(obj, path, "Networks", _networks),
-            services=_seq(_get(obj, path, "Services", lambda v, p: _list(v, p, Service.from_json, pointers=True))),
-        )
+class TaskGroup(_Model):
+    name: str = attrs.field(default="", metadata=_go("Name", STRING))
+    networks: tuple[NetworkResource, ...] = attrs.field(default=(), metadata=_go("Networks", _NETWORKS))
+    services: tuple[Service, ...] = attrs.field(
+        default=(), metadata=_go("Services", _slice(_struct(Service), pointers=True))
+    )
 
     @property
     def has_transparent_proxy(self) -> bool:
@@ -355,91 +267,62 @@ class TaskGroup:
 
 
 @attrs.frozen
-class Job:
-    id: str = ""
-    region: str = ""
-    task_groups: tuple[TaskGroup, ...] = ()
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> Job | None:
-        if data is None:
-            return None
-        obj = _object(data, path)
-        return cls(
-            id=_get(obj, path, "ID", _str),
-            region=_get(obj, path, "Region", _str),
-            task_groups=_seq(
-                _get(obj, path, "TaskGroups", lambda v, p: _list(v, p, TaskGroup.from_json, pointers=True))
-            ),
-        )
+class Job(_Model):
+    id: str = attrs.field(default="", metadata=_go("ID", STRING))
+    region: str = attrs.field(default="", metadata=_go("Region", STRING))
+    task_groups: tuple[TaskGroup, ...] = attrs.field(
+        default=(), metadata=_go("TaskGroups", _slice(_struct(TaskGroup), pointers=True))
+    )
 
 
 # -- allocation ----------------------------------------------------------------------------------
 
 
 @attrs.frozen
-class AllocatedPortMapping:
+class AllocatedPortMapping(_Model):
     """``structs.AllocatedPortMapping``: a port the scheduler assigned (``HostIP`` is the host address)."""
 
-    label: str = ""
-    value: int = 0
-    to: int = 0
-    host_ip: str = ""
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> AllocatedPortMapping:
-        obj = _object(data, path)
-        return cls(
-            label=_get(obj, path, "Label", _str),
-            value=_get(obj, path, "Value", _int),
-            to=_get(obj, path, "To", _int),
-            host_ip=_get(obj, path, "HostIP", _str),
-        )
+    label: str = attrs.field(default="", metadata=_go("Label", STRING))
+    value: int = attrs.field(default=0, metadata=_go("Value", INT))
+    to: int = attrs.field(default=0, metadata=_go("To", INT))
+    host_ip: str = attrs.field(default="", metadata=_go("HostIP", STRING))
 
 
 @attrs.frozen
-class SharedResources:
+class SharedResources(_Model):
     """``AllocatedResources.Shared``: ``ports`` (current) and ``networks`` (the legacy form)."""
 
-    ports: tuple[AllocatedPortMapping, ...] = ()
-    networks: tuple[NetworkResource, ...] = ()
-
-    @classmethod
-    def from_json(cls, data: Any, path: str = "") -> SharedResources:
-        obj = _object(data, path)
-        return cls(
-            ports=_seq(_get(obj, path, "Ports", lambda v, p: _list(v, p, AllocatedPortMapping.from_json))),
-            networks=_get(obj, path, "Networks", _networks),
-        )
-
-
-def _shared(value: Any, path: str) -> SharedResources:
-    return _get(_object(value, path), path, "Shared", SharedResources.from_json)
+    ports: tuple[AllocatedPortMapping, ...] = attrs.field(
+        default=(), metadata=_go("Ports", _slice(_struct(AllocatedPortMapping)))
+    )
+    networks: tuple[NetworkResource, ...] = attrs.field(default=(), metadata=_go("Networks", _NETWORKS))
 
 
 @attrs.frozen
-class Allocation:
-    id: str
-    namespace: str
-    task_group: str
-    job: Job
-    shared: SharedResources = SharedResources()
+class _AllocatedResources:
+    shared: SharedResources = attrs.field(default=SharedResources(), metadata=_go("Shared", _struct(SharedResources)))
+
+
+def _shared(value: Any) -> SharedResources:
+    """``AllocatedResources``, of which only ``Shared`` is read."""
+    return _decode(_AllocatedResources, value).shared
+
+
+@attrs.frozen
+class Allocation(_Model):
+    id: str = attrs.field(metadata=_go("ID", STRING))
+    namespace: str = attrs.field(metadata=_go("Namespace", STRING))
+    task_group: str = attrs.field(metadata=_go("TaskGroup", STRING))
+    job: Job = attrs.field(metadata=_go("Job", _pointer(Job)))
+    shared: SharedResources = attrs.field(default=SharedResources(), metadata=_go("AllocatedResources", _shared))
 
     @classmethod
     def from_json(cls, data: Any) -> Allocation:
-        obj = _object(data, "")
-        job = _get(obj, "", "Job", Job.from_json)
-        if job is None:
+        alloc = super().from_json(data)
+        if alloc.job is None:  # where Nomad would panic
             raise DecodeError("Job", "missing: the allocation must embed its job")
-        task_group = _get(obj, "", "TaskGroup", _str)
-        _lookup_group(job, task_group)  # fail at decode time, not in the middle of a setup
-        return cls(
-            id=_get(obj, "", "ID", _str),
-            namespace=_get(obj, "", "Namespace", _str),
-            task_group=task_group,
-            job=job,
-            shared=_get(obj, "", "AllocatedResources", _shared),
-        )
+        _lookup_group(alloc.job, alloc.task_group)  # fail at decode time, not in the middle of a setup
+        return alloc
 
     @classmethod
     def loads(cls, data: bytes | str) -> Allocation:
@@ -459,16 +342,11 @@ def _lookup_group(job: Job, name: str) -> TaskGroup:
 
 
 @attrs.frozen
-class Node:
+class Node(_Model):
     """The node's fingerprinted ``Attributes`` and client ``Meta`` (both string maps)."""
 
-    attributes: Mapping[str, str] = attrs.field(factory=dict)
-    meta: Mapping[str, str] = attrs.field(factory=dict)
-
-    @classmethod
-    def from_json(cls, data: Any) -> Node:
-        obj = _object(data, "")
-        return cls(attributes=_get(obj, "", "Attributes", _str_map), meta=_get(obj, "", "Meta", _str_map))
+    attributes: Mapping[str, str] = attrs.field(factory=dict, metadata=_go("Attributes", _str_map))
+    meta: Mapping[str, str] = attrs.field(factory=dict, metadata=_go("Meta", _str_map))
 
     @classmethod
     def loads(cls, data: bytes | str) -> Node:

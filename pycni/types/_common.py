@@ -16,22 +16,22 @@ Decoding mirrors Go's ``encoding/json`` as libcni uses it, so pycni accepts what
 Deliberately stricter than Go, where Go would hand a nil or ``"<nil>"`` value to the consumer:
 a missing ``address``/``ip``/``dst`` and ``null`` entries in object lists are rejected.
 
-Decoders raise :class:`Invalid`; each level records its key or index on the way out, and the
-public entry points turn it into one :class:`~pycni.errors.ResultError` naming the path.
+Decoders raise :class:`~pycni._json.GoValueError` (the reader's typed getters do); each level
+records its key or index on the way out, and the public entry points turn it into one
+:class:`~pycni.errors.ResultError` naming the path (:func:`invalid`).
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Callable, Iterable
 from ipaddress import IPv4Address, IPv4Interface, IPv6Address, IPv6Interface
 from typing import Any, TypeVar
 
 import attrs
 
-from .._json import GoFields, Repeated, go_kind, kind, members_of
+from .._json import GoFields, GoValueError, Repeated, go_array, go_int, go_kind, go_string, kind, members_of
 from ..errors import ResultError
 
 IPAddress = IPv4Address | IPv6Address
@@ -42,36 +42,21 @@ T = TypeVar("T")
 MISSING: Any = object()
 """``obj.get(key, MISSING)`` for the fields where absent and ``null`` mean different things."""
 
-_INT_MIN, _INT_MAX = -(2**63), 2**63 - 1
-_SURROGATE = re.compile("[\ud800-\udfff]")
 _QUOTE_LIMIT = 80
 
 
-class Invalid(Exception):
-    """A decoding failure; ``path`` collects keys and indexes innermost first."""
-
-    def __init__(self, problem: str) -> None:
-        super().__init__(problem)
-        self.problem = problem
-        self.path: list[str | int] = []
-
-    def at(self, segment: str | int) -> Invalid:
-        self.path.append(segment)
-        return self
-
-    def error(self, what: str) -> ResultError:
-        where = ""
-        for seg in reversed(self.path):
-            where += f"[{seg}]" if isinstance(seg, int) else (f".{seg}" if where else seg)
-        return ResultError(f"invalid {what}: {where}: {self.problem}" if where else f"invalid {what}: {self.problem}")
+def invalid(e: GoValueError, what: str) -> ResultError:
+    """The public error for a decoding failure: ``invalid <what>: <path>: <problem>``."""
+    where = e.where()
+    return ResultError(f"invalid {what}: {where}: {e.problem()}" if where else f"invalid {what}: {e.problem()}")
 
 
 def checked(decode: Callable[[Any], T], obj: Any, what: str) -> T:
     """Run a decoder for a public ``from_json``: only :class:`ResultError` escapes."""
     try:
         return decode(obj)
-    except Invalid as e:
-        raise e.error(what) from None
+    except GoValueError as e:
+        raise invalid(e, what) from None
 
 
 def quote(text: str) -> str:
@@ -79,10 +64,10 @@ def quote(text: str) -> str:
     return json.dumps(text if len(text) <= _QUOTE_LIMIT else text[:_QUOTE_LIMIT] + "...")
 
 
-def expected(what: str, value: Any) -> Invalid:
+def expected(what: str, value: Any) -> GoValueError:
     if value is MISSING:
-        return Invalid("required field is missing")
-    return Invalid(f"expected {what}, got {kind(value)}")
+        return GoValueError(text="required field is missing")
+    return GoValueError(value, what)
 
 
 class ObjectKeys:
@@ -125,7 +110,7 @@ def _merge(old: Any, new: Any, name: str, keys: ObjectKeys) -> Any:
     if old is None:
         return new
     if _clash(old, new):
-        raise Invalid(f"repeated key with clashing types: {kind(old)}, then {kind(new)}").at(name)
+        raise GoValueError(text=f"repeated key with clashing types: {kind(old)}, then {kind(new)}").at(name)
     if isinstance(new, dict):
         return new if name in keys.whole else _concat(old, new)
     if not isinstance(new, list):
@@ -134,7 +119,7 @@ def _merge(old: Any, new: Any, name: str, keys: ObjectKeys) -> Any:
     out = list(new)
     for i, (was, item) in enumerate(zip(old, new)):
         if _clash(was, item):
-            raise Invalid(f"repeated key with clashing types: {kind(was)}, then {kind(item)}").at(i).at(name)
+            raise GoValueError(text=f"repeated key with clashing types: {kind(was)}, then {kind(item)}").at(i).at(name)
         if isinstance(was, dict) and isinstance(item, dict) and name not in keys.whole:
             out[i] = _concat(was, item)
     return out
@@ -157,60 +142,24 @@ def members(value: Any, keys: ObjectKeys) -> dict[Any, Any]:
     return out
 
 
-def text(value: Any) -> str:
-    """A JSON string; lone surrogates (from ``\\ud800`` escapes) become U+FFFD, as in Go."""
-    if isinstance(value, str):
-        return value if value.isascii() else _SURROGATE.sub("\ufffd", value)
-    if value is None:
-        return ""
-    raise expected("a string", value)
-
-
-def integer(value: Any) -> int:
-    """A Go ``int``: a JSON number without fraction or exponent, in int64 range."""
-    if type(value) is int:
-        if _INT_MIN <= value <= _INT_MAX:
-            return value
-        shown = value if value.bit_length() <= 128 else f"with {value.bit_length()} bits"
-        raise Invalid(f"integer {shown} out of range")
-    if value is None:
-        return 0
-    if isinstance(value, float):
-        raise Invalid(f"expected an integer, got {value!r}")
-    raise expected("an integer", value)
-
-
 def optional_integer(value: Any) -> int | None:
     """A Go ``*int``: ``None`` when absent or null, so an explicit 0 survives."""
-    return None if value is None else integer(value)
+    return None if value is None else go_int(value)
 
 
 def strings(value: Any) -> tuple[str, ...]:
     """A Go ``[]string`` (a ``null`` element is ``""``, as Go decodes it)."""
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise expected("an array", value)
-    out = []
-    for i, item in enumerate(value):
-        try:
-            out.append(text(item))
-        except Invalid as e:
-            raise e.at(i) from None
-    return tuple(out)
+    return array(value, go_string)
 
 
 def array(value: Any, decode: Callable[[Any], T]) -> tuple[T, ...]:
-    """A Go ``[]*T``; ``null`` entries are refused (Go keeps nil pointers that crash consumers)."""
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise expected("an array", value)
+    """A Go slice; ``decode`` refuses a ``null`` entry of ``[]*T`` (Go keeps nil pointers that
+    crash consumers) and makes it the zero value of ``[]T``."""
     out = []
-    for i, item in enumerate(value):
+    for i, item in enumerate(go_array(value)):
         try:
             out.append(decode(item))
-        except Invalid as e:
+        except GoValueError as e:
             raise e.at(i) from None
     return tuple(out)
 
@@ -256,7 +205,7 @@ def cidr(value: Any) -> IPInterface:
         try:
             return _cached_cidr(value) if len(value) <= 64 else _parse_cidr(value)
         except ValueError:
-            raise Invalid(f"invalid CIDR address {quote(value)}") from None
+            raise GoValueError(text=f"invalid CIDR address {quote(value)}") from None
     raise expected("a CIDR string", value)
 
 
@@ -268,7 +217,7 @@ def address(value: Any) -> IPAddress | None:
         try:
             return _cached_address(value) if len(value) <= 64 else _parse_address(value)
         except ValueError:
-            raise Invalid(f"invalid IP address {quote(value)}") from None
+            raise GoValueError(text=f"invalid IP address {quote(value)}") from None
     if value is None:
         return None
     raise expected("an IP address string", value)
@@ -326,12 +275,12 @@ def decode_dns(value: Any) -> DNS:
     try:
         nameservers = strings(obj.get("nameservers"))
         key = "domain"
-        domain = text(obj.get("domain"))
+        domain = go_string(obj.get("domain"))
         key = "search"
         search = strings(obj.get("search"))
         key = "options"
         options = strings(obj.get("options"))
-    except Invalid as e:
+    except GoValueError as e:
         raise e.at(key) from None
     arrays = frozenset(k for k in ("nameservers", "search", "options") if isinstance(obj.get(k), list))
     return DNS(nameservers, domain, search, options, arrays)
@@ -384,16 +333,16 @@ def decode_route(value: Any) -> Route:
         key = "gw"
         gw = address(obj.get("gw"))
         key = "mtu"
-        mtu = integer(obj.get("mtu"))
+        mtu = go_int(obj.get("mtu"))
         key = "advmss"
-        advmss = integer(obj.get("advmss"))
+        advmss = go_int(obj.get("advmss"))
         key = "priority"
-        priority = integer(obj.get("priority"))
+        priority = go_int(obj.get("priority"))
         key = "table"
         table = optional_integer(obj.get("table"))
         key = "scope"
         scope = optional_integer(obj.get("scope"))
-    except Invalid as e:
+    except GoValueError as e:
         raise e.at(key) from None
     return Route(dst, gw, mtu, advmss, priority, table, scope)
 
@@ -403,9 +352,9 @@ def declared_version(value: Any, versions: tuple[str, ...]) -> str:
     if not isinstance(value, dict):
         return ""  # the decoder reports the wrong type
     try:
-        version = text(value.get("cniVersion"))
-    except Invalid as e:
+        version = go_string(value.get("cniVersion"))
+    except GoValueError as e:
         raise e.at("cniVersion") from None
     if version and version not in versions:
-        raise Invalid(f"version {quote(version)} is not one of {', '.join(versions)}").at("cniVersion")
+        raise GoValueError(text=f"version {quote(version)} is not one of {', '.join(versions)}").at("cniVersion")
     return version

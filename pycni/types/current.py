@@ -10,11 +10,11 @@ from typing import Any, ClassVar
 
 import attrs
 
+from .._json import GoValueError, go_int, go_string
 from ._common import (
     DNS,
     EMPTY_DNS,
     MISSING,
-    Invalid,
     IPAddress,
     IPInterface,
     Route,
@@ -25,12 +25,11 @@ from ._common import (
     declared_version,
     decode_dns,
     decode_route,
-    integer,
+    invalid,
     members,
     object_keys,
     optional_integer,
     route_tuple,
-    text,
 )
 
 __all__ = ["Interface", "IPConfig", "Result"]
@@ -77,18 +76,18 @@ def decode_interface(value: Any) -> Interface:
     obj = members(value, _INTERFACE_KEYS)
     key = "name"
     try:
-        name = text(obj.get("name"))
+        name = go_string(obj.get("name"))
         key = "mac"
-        mac = text(obj.get("mac"))
+        mac = go_string(obj.get("mac"))
         key = "mtu"
-        mtu = integer(obj.get("mtu"))
+        mtu = go_int(obj.get("mtu"))
         key = "sandbox"
-        sandbox = text(obj.get("sandbox"))
+        sandbox = go_string(obj.get("sandbox"))
         key = "socketPath"
-        socket_path = text(obj.get("socketPath"))
+        socket_path = go_string(obj.get("socketPath"))
         key = "pciID"
-        pci_id = text(obj.get("pciID"))
-    except Invalid as e:
+        pci_id = go_string(obj.get("pciID"))
+    except GoValueError as e:
         raise e.at(key) from None
     return Interface(name, mac, mtu, sandbox, socket_path, pci_id)
 
@@ -131,7 +130,7 @@ def decode_ip_config(value: Any) -> IPConfig:
         addr = cidr(obj.get("address", MISSING))
         key = "gateway"
         gateway = address(obj.get("gateway"))
-    except Invalid as e:
+    except GoValueError as e:
         raise e.at(key) from None
     return IPConfig(addr, gateway, interface)
 
@@ -161,8 +160,8 @@ class Result:
         """Decode as 1.x, version taken as written; :func:`~pycni.types.parse_result` does libcni's fixup."""
         try:
             return decode_result(obj, declared_version(obj, cls.VERSIONS))
-        except Invalid as e:
-            raise e.error("result") from None
+        except GoValueError as e:
+            raise invalid(e, "result") from None
 
     def to_json(self) -> dict[str, Any]:
         """Go's emission: empty lists are omitted, and so is ``dns`` when all of it is empty."""
@@ -195,6 +194,6 @@ def decode_result(value: Any, version: str) -> Result:
         routes = array(obj.get("routes"), decode_route)
         key = "dns"
         dns = decode_dns(obj.get("dns"))
-    except Invalid as e:
+    except GoValueError as e:
         raise e.at(key) from None
     return Result(version, interfaces, ips, routes, dns)

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _json
-from .._json import kind
+from .._json import GoValueError, kind
 from ..errors import ResultError
 from . import current, v020, v040
-from ._common import Invalid, quote
+from ._common import invalid, quote
 from .convert import AnyResult
 
 __all__ = ["parse_result"]
@@ -61,5 +61,5 @@ def parse_result(data: Any, *, config_version: str | None = None) -> AnyResult:
         raise ResultError(f"unsupported CNI result version {quote(version)}")
     try:
         return decode(obj, version)
-    except Invalid as e:
-        raise e.error("result") from None
+    except GoValueError as e:
+        raise invalid(e, "result") from None

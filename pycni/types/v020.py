@@ -10,11 +10,11 @@ from typing import Any, ClassVar
 
 import attrs
 
+from .._json import GoValueError
 from ._common import (
     DNS,
     EMPTY_DNS,
     MISSING,
-    Invalid,
     IPAddress,
     IPInterface,
     Route,
@@ -25,6 +25,7 @@ from ._common import (
     declared_version,
     decode_dns,
     decode_route,
+    invalid,
     members,
     object_keys,
     route_tuple,
@@ -66,7 +67,7 @@ def decode_ip_config(value: Any) -> IPConfig020:
         gateway = address(obj.get("gateway"))
         key = "routes"
         routes = array(obj.get("routes"), decode_route)
-    except Invalid as e:
+    except GoValueError as e:
         raise e.at(key) from None
     return IPConfig020(ip, gateway, routes)
 
@@ -91,8 +92,8 @@ class Result020:
         """Decode as 0.1.0/0.2.0, version taken as written (see :func:`~pycni.types.parse_result`)."""
         try:
             return decode_result(obj, declared_version(obj, cls.VERSIONS))
-        except Invalid as e:
-            raise e.error("result") from None
+        except GoValueError as e:
+            raise invalid(e, "result") from None
 
     def to_json(self) -> dict[str, Any]:
         """Go's emission: absent configs omitted, ``dns`` always present (``{}`` when empty)."""
@@ -119,6 +120,6 @@ def decode_result(value: Any, version: str) -> Result020:
         ip6 = _optional_ip_config(obj.get("ip6"))
         key = "dns"
         dns = decode_dns(obj.get("dns"))
-    except Invalid as e:
+    except GoValueError as e:
         raise e.at(key) from None
     return Result020(version, ip4, ip6, dns)

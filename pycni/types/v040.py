@@ -11,11 +11,11 @@ from typing import Any, ClassVar
 
 import attrs
 
+from .._json import GoValueError, go_string
 from ._common import (
     DNS,
     EMPTY_DNS,
     MISSING,
-    Invalid,
     IPAddress,
     IPInterface,
     Route,
@@ -26,11 +26,11 @@ from ._common import (
     declared_version,
     decode_dns,
     decode_route,
+    invalid,
     members,
     object_keys,
     optional_integer,
     route_tuple,
-    text,
 )
 from .current import Interface, interface_tuple
 
@@ -72,14 +72,14 @@ def decode_ip_config(value: Any) -> IPConfig040:
     obj = members(value, _IP_KEYS)
     key = "version"
     try:
-        version = text(obj.get("version"))
+        version = go_string(obj.get("version"))
         key = "interface"
         interface = optional_integer(obj.get("interface"))
         key = "address"
         addr = cidr(obj.get("address", MISSING))
         key = "gateway"
         gateway = address(obj.get("gateway"))
-    except Invalid as e:
+    except GoValueError as e:
         raise e.at(key) from None
     return IPConfig040(version, addr, gateway, interface)
 
@@ -101,12 +101,12 @@ def decode_interface(value: Any) -> Interface:
     obj = members(value, _INTERFACE_KEYS)
     key = "name"
     try:
-        name = text(obj.get("name"))
+        name = go_string(obj.get("name"))
         key = "mac"
-        mac = text(obj.get("mac"))
+        mac = go_string(obj.get("mac"))
         key = "sandbox"
-        sandbox = text(obj.get("sandbox"))
-    except Invalid as e:
+        sandbox = go_string(obj.get("sandbox"))
+    except GoValueError as e:
         raise e.at(key) from None
     return Interface(name, mac, sandbox=sandbox)
 
@@ -132,8 +132,8 @@ class Result040:
         """Decode as 0.3.x/0.4.0, version taken as written (see :func:`~pycni.types.parse_result`)."""
         try:
             return decode_result(obj, declared_version(obj, cls.VERSIONS))
-        except Invalid as e:
-            raise e.error("result") from None
+        except GoValueError as e:
+            raise invalid(e, "result") from None
 
     def to_json(self) -> dict[str, Any]:
         """Go's emission: empty lists omitted, ``dns`` always present (``{}`` when empty)."""
@@ -164,6 +164,6 @@ def decode_result(value: Any, version: str) -> Result040:
         routes = array(obj.get("routes"), decode_route)
         key = "dns"
         dns = decode_dns(obj.get("dns"))
-    except Invalid as e:
+    except GoValueError as e:
         raise e.at(key) from None
     return Result040(version, interfaces, ips, routes, dns)

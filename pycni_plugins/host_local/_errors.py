@@ -6,12 +6,10 @@ from __future__ import annotations
 import errno
 import json
 import os
-from typing import Any
 
-from pycni._json import go_kind
 from pycni.errors import CNIError, ConfigError, ErrorCode
 
-__all__ = ["config_fail", "fail", "go_quote", "os_fail", "refuse_symlink", "strerror", "type_error"]
+__all__ = ["config_fail", "fail", "go_quote", "os_fail", "refuse_symlink", "strerror"]
 
 
 def fail(msg: str) -> CNIError:
@@ -41,7 +39,3 @@ def os_fail(op: str, path: str, exc: OSError) -> CNIError:
     if exc.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
         return refuse_symlink(path)
     return fail(f"{op} {path}: {strerror(exc)}")
-
-
-def type_error(value: Any, field: str, go_type: str) -> ConfigError:
-    return config_fail(f"json: cannot unmarshal {go_kind(value)} into Go struct field {field} of type {go_type}")

@@ -4,19 +4,19 @@ validated as the reference's ``allocator.LoadIPAMConfig`` does, with its error t
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 
 from pycni import version as _version
-from pycni._json import GoFields
+from pycni._json import GoFields, GoReader, GoValueError, go_array, go_object, go_string
 from pycni.errors import CNIError, ConfigError
 from pycni.sdk import PluginRequest, validate_network_name
 from pycni.types import IPAddress, Route
 from pycni.types import _common as _types
 
-from ._errors import config_fail, go_quote, type_error
+from ._errors import config_fail, go_quote
 
 __all__ = ["DEFAULT_DATA_DIR", "HostLocalConfig", "IPNetwork", "IPRange", "RangeSet", "load_config", "parse_ip"]
 
@@ -24,6 +24,7 @@ DEFAULT_DATA_DIR = "/var/lib/cni/networks"
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
+T = TypeVar("T")
 _ROUTE_INTS = ("mtu", "advmss", "priority", "table", "scope")
 
 
@@ -35,7 +36,7 @@ def parse_ip(text: str) -> IPAddress | None:
     """``net.ParseIP`` (pycni.types' parser); None when ``text`` is not an address."""
     try:
         return _types.address(text)
-    except _types.Invalid:
+    except GoValueError:
         return None
 
 
@@ -62,24 +63,19 @@ def _parse_cidr(text: str) -> _CIDR | None:
     return _CIDR(ip, prefix, mask_bits) if prefix <= mask_bits else None
 
 
-def _decode_ip(value: Any, field: str) -> IPAddress | None:
+def _decode_ip(value: Any) -> IPAddress | None:
     """A ``net.IP`` field: null and ``""`` mean unset."""
     if value is None or value == "":
         return None
-    if not isinstance(value, str):
-        raise type_error(value, field, "net.IP")
-    ip = parse_ip(value)
+    ip = parse_ip(go_string(value, "net.IP"))
     if ip is None:
         raise config_fail(f"invalid IP address: {value}")
     return ip
 
 
-def _decode_cidr(value: Any, field: str) -> _CIDR:
+def _decode_cidr(value: Any) -> _CIDR:
     """A ``types.IPNet`` field: null decodes as ``""`` and fails like it."""
-    if value is None:
-        value = ""
-    if not isinstance(value, str):
-        raise type_error(value, field, "string")
+    value = go_string(value)
     cidr = _parse_cidr(value)
     if cidr is None:
         raise config_fail(f"invalid CIDR address: {value}")
@@ -140,82 +136,74 @@ class _RawRange:
     gateway: IPAddress | None
 
 
-def _fields(obj: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """Pick ``names`` from a JSON object, matching keys as Go's decoder does."""
-    return dict(GoFields(*names).pick(obj))
+def _type_error(e: GoValueError) -> ConfigError:
+    return config_fail(e.go_message())
 
 
-def _object(value: Any, field: str, go_type: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise type_error(value, field, go_type)
-    return value
+def _reader(obj: Mapping[str, Any], struct: str) -> GoReader:
+    """Go's decoding into the struct ``struct`` (as Go's messages name it), with host-local's errors."""
+    return GoReader(obj, struct, _type_error)
 
 
-def _array(value: Any, field: str, go_type: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise type_error(value, field, go_type)
-    return value
+def _each(items: list[Any], decode: Callable[[Any], T], field: str) -> list[T]:
+    """The elements of the slice field ``field``, decoded; a type error names the field, as Go's does."""
+    out = []
+    for item in items:
+        try:
+            out.append(decode(item))
+        except GoValueError as e:
+            e.field = e.field or field
+            raise _type_error(e) from None
+    return out
 
 
-def _string(value: Any, field: str) -> str:
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise type_error(value, field, "string")
-    return value
+_SUBNET = GoFields("subnet")
 
 
 def _decode_range(obj: Mapping[str, Any], struct: str) -> _RawRange:
-    f = _fields(obj, ("subnet", "rangeStart", "rangeEnd", "gateway"))
+    f = _reader(obj, struct)
     return _RawRange(
-        subnet=_decode_cidr(f["subnet"], f"{struct}.subnet") if "subnet" in f else None,
-        start=_decode_ip(f.get("rangeStart"), f"{struct}.rangeStart"),
-        end=_decode_ip(f.get("rangeEnd"), f"{struct}.rangeEnd"),
-        gateway=_decode_ip(f.get("gateway"), f"{struct}.gateway"),
+        # A null subnet fails as "" does; no key leaves it unset.
+        subnet=f.read("subnet", _decode_cidr) if "subnet" in _SUBNET.pick(obj) else None,
+        start=f.read("rangeStart", _decode_ip),
+        end=f.read("rangeEnd", _decode_ip),
+        gateway=f.read("gateway", _decode_ip),
     )
 
 
-def _decode_range_sets(value: Any, owner: str, path: str) -> list[list[_RawRange]]:
-    sets = []
-    for raw_set in _array(value, f"{owner}.{path}", "[]allocator.RangeSet"):
-        ranges = []
-        for raw in _array(raw_set, f"{owner}.{path}", "allocator.RangeSet"):
-            ranges.append(_decode_range(_object(raw, f"{owner}.{path}", "allocator.Range"), f"Range.{path}"))
-        sets.append(ranges)
-    return sets
+def _decode_range_sets(f: GoReader, name: str, go_path: str) -> list[list[_RawRange]]:
+    field = f"{f.struct}.{name}"
+
+    def range_set(raw_set: Any) -> list[_RawRange]:
+        ranges = go_array(raw_set, "allocator.RangeSet")
+        return [_decode_range(go_object(raw, "allocator.Range"), f"Range.{go_path}") for raw in ranges]
+
+    return _each(f.array(name, go_type="[]allocator.RangeSet"), range_set, field)
+
+
+_ROUTE = "IPAMConfig.ipam.routes"
 
 
 def _decode_route(value: Any) -> Route:
-    field = "IPAMConfig.ipam.routes"
     if value is None:  # Go would print a null route, which no consumer accepts
         raise config_fail("invalid route: null")
-    obj = _fields(_object(value, field, "types.Route"), ("dst", "gw") + _ROUTE_INTS)
+    obj = go_object(value, "types.Route")
+    f = _reader(obj, "route")
     # A missing dst fails like "" instead of printing Go's "<nil>" route (unusable downstream).
-    dst_text = obj.get("dst")
-    _decode_cidr(dst_text, field)  # Go's checks and texts; then pycni.types' (cached) parse of the same text
-    gw = _decode_ip(obj.get("gw"), field)
-    ints: dict[str, int] = {}
-    for key in _ROUTE_INTS:  # the CNI 1.1 route attributes, passed through like the latest plugin
-        num = obj.get(key)
-        if num is None:
-            continue
-        if isinstance(num, bool) or not isinstance(num, int):
-            raise type_error(num, f"route.{key}", "int")
-        ints[key] = num
+    dst_text = f.get("dst")
+    try:
+        _decode_cidr(dst_text)  # Go's checks and texts; then pycni.types' (cached) parse of the same text
+        gw = _decode_ip(f.get("gw"))
+    except GoValueError as e:
+        e.field = _ROUTE
+        raise _type_error(e) from None
+    # The CNI 1.1 route attributes, passed through like the latest plugin.
+    ints = {key: f.integer(key) for key in _ROUTE_INTS if f.get(key) is not None}
     return Route(_types.cidr(dst_text), gw, **ints)
 
 
-def _decode_ip_list(value: Any, field: str) -> list[IPAddress | None]:
-    out = []
-    for item in _array(value, field, "[]*ip.IP"):
-        if item is not None and not isinstance(item, str):
-            raise type_error(item, field, "*ip.IP")
-        out.append(_decode_requested(item or "", ""))
-    return out
+def _decode_requested_ip(item: Any) -> IPAddress | None:
+    return _decode_requested(go_string(item, "*ip.IP"), "")
 
 
 def _env_requested_ip(request: PluginRequest) -> IPAddress | None:
@@ -288,25 +276,20 @@ def _check_data_dir(data_dir: str) -> None:
 def load_config(request: PluginRequest) -> HostLocalConfig:
     """Decode and validate as the reference does, with its error texts (code 999)."""
     validate_network_name(request.network_name)  # skel's check again: the name becomes a dir under dataDir
-    top = _fields(request.config, ("ipam", "runtimeConfig", "args"))
+    top = _reader(request.config, "Net")
     ipam_raw = top.get("ipam")
-    ipam = _fields(
-        _object(ipam_raw, "Net.ipam", "allocator.IPAMConfig"),
-        ("type", "routes", "dataDir", "resolvConf", "ranges", "subnet", "rangeStart", "rangeEnd", "gateway"),
-    )
-    for key in ("type", "dataDir", "resolvConf"):
-        ipam[key] = _string(ipam.get(key), f"IPAMConfig.ipam.{key}")
-    routes = [_decode_route(r) for r in _array(ipam.get("routes"), "IPAMConfig.ipam.routes", "[]*types.Route")]
-    range_sets = _decode_range_sets(ipam.get("ranges"), "IPAMConfig", "ipam.ranges")
-    legacy = _decode_range(ipam, "IPAMConfig.ipam")
-    runtime = _fields(_object(top.get("runtimeConfig"), "Net.runtimeConfig", "struct"), ("ipRanges", "ips"))
-    runtime_sets = _decode_range_sets(runtime.get("ipRanges"), "", "runtimeConfig.ipRanges")
-    runtime_ips = _decode_ip_list(runtime.get("ips"), ".runtimeConfig.ips")
-    cni_args = _fields(_object(top.get("args"), "Net.args", "struct"), ("cni",))
-    arg_ips = _decode_ip_list(
-        _fields(_object(cni_args.get("cni"), ".args.cni", "allocator.IPAMArgs"), ("ips",)).get("ips"),
-        "IPAMArgs.args.cni.ips",
-    )
+    ipam = _reader(top.mapping("ipam", go_type="allocator.IPAMConfig"), "IPAMConfig.ipam")
+    ipam.string("type")  # only checked: the runtime chose this plugin by it
+    data_dir, resolv_conf = ipam.string("dataDir"), ipam.string("resolvConf")
+    routes = _each(ipam.array("routes", go_type="[]*types.Route"), _decode_route, _ROUTE)
+    range_sets = _decode_range_sets(ipam, "ranges", "ipam.ranges")
+    legacy = _decode_range(ipam.obj, "IPAMConfig.ipam")
+    runtime = _reader(top.mapping("runtimeConfig", go_type="struct"), ".runtimeConfig")
+    runtime_sets = _decode_range_sets(runtime, "ipRanges", "runtimeConfig.ipRanges")
+    runtime_ips = _each(runtime.array("ips", go_type="[]*ip.IP"), _decode_requested_ip, ".runtimeConfig.ips")
+    args = _reader(top.mapping("args", go_type="struct"), ".args")
+    cni_args = _reader(args.mapping("cni", go_type="allocator.IPAMArgs"), "IPAMArgs.args.cni")
+    arg_ips = _each(cni_args.array("ips", go_type="[]*ip.IP"), _decode_requested_ip, "IPAMArgs.args.cni.ips")
     if ipam_raw is None:
         raise config_fail("IPAM config missing 'ipam' key")
 
@@ -342,7 +325,7 @@ def load_config(request: PluginRequest) -> HostLocalConfig:
             if any(_overlap(a, b) for a in a_set for b in sets[j]):
                 raise config_fail(f"range set {i} overlaps with {j}")
 
-    data_dir = ipam["dataDir"] or DEFAULT_DATA_DIR
+    data_dir = data_dir or DEFAULT_DATA_DIR
     _check_data_dir(data_dir)
     return HostLocalConfig(
         name=request.network_name,
@@ -350,6 +333,6 @@ def load_config(request: PluginRequest) -> HostLocalConfig:
         range_sets=tuple(sets),
         routes=tuple(routes),
         data_dir=data_dir,
-        resolv_conf=ipam["resolvConf"],
+        resolv_conf=resolv_conf,
         requested_ips=requested_ips,
     )

@@ -193,3 +193,20 @@ def test_unparsable_json_is_a_decode_error(text: bytes) -> None:
 
 def test_loads_reads_bytes() -> None:
     assert Allocation.loads((FIXTURES / "bridge_ports_alloc.json").read_bytes()).group.name == "frontend"
+
+
+def test_every_model_field_declares_the_go_field_it_is_decoded_from() -> None:
+    import attrs
+
+    from pycni.nomad import models
+
+    for name in models.__all__:
+        cls = getattr(models, name)
+        if attrs.has(cls):
+            for field in attrs.fields(cls):
+                go_name, decode = field.metadata["pycni.go"]
+                assert go_name[:1].isupper() and callable(decode), (name, field.name)
+    # A model below the allocation decodes on its own too, with the zero value for null.
+    assert models.Port.from_json(None) == models.Port()
+    with pytest.raises(DecodeError, match=r"^ReservedPorts\[0\]\.Label: expected a string, got 1$"):
+        models.NetworkResource.from_json({"ReservedPorts": [{"Label": 1}]})

@@ -83,3 +83,31 @@ def test_consul_tproxy_config_folds_the_long_s_as_go():
 def test_reference_plugin_config_fields_fold_as_go():
     conf = bridge.load_config(request({"cniVersion": "1.0.0", "name": "n", "type": "bridge", "IsGateway": True}))
     assert conf.is_gateway
+
+
+def test_the_reader_decodes_like_go_and_names_the_struct_field():
+    from pycni._json import GoReader, GoValueError
+
+    f = GoReader(loads(b'{"MTU": 1500, "name": "a\\ud800", "up": null, "ips": null}'), "NetConf")
+    assert (f.integer("mtu"), f.string("name"), f.flag("up", True), f.array("ips")) == (1500, "a\ufffd", True, [])
+    for doc, read, go, problem in [
+        (
+            b'{"mtu": "1"}',
+            lambda r: r.integer("mtu"),
+            "string into Go struct field NetConf.mtu of type int",
+            "a string",
+        ),
+        (b'{"mtu": 1.0}', lambda r: r.integer("mtu"), "number into Go struct field NetConf.mtu of type int", "1.0"),
+        (b'{"up": 1}', lambda r: r.flag("up"), "number into Go struct field NetConf.up of type bool", "a number"),
+        (b'{"m": []}', lambda r: r.mapping("m"), "array into Go struct field NetConf.m of type object", "an array"),
+    ]:
+        with pytest.raises(GoValueError) as info:
+            read(GoReader(loads(doc), "NetConf"))
+        assert info.value.go_message() == f"json: cannot unmarshal {go}"
+        assert info.value.problem().endswith(f"got {problem}")
+    with pytest.raises(GoValueError) as info:
+        GoReader({"mtu": 2**63}, "NetConf").integer("mtu")
+    assert (
+        info.value.go_message() == f"json: cannot unmarshal number {2**63} into Go struct field NetConf.mtu of type int"
+    )
+    assert info.value.problem() == f"integer {2**63} out of range"
