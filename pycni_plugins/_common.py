@@ -15,6 +15,7 @@ from pycni.sdk import Attachment, GCAttachment, GCReport, PluginRequest, delegat
 from pycni.types import Result, convert, parse_result
 
 from .kernel import links, nft
+from .kernel.errors import fail, netns_gone
 
 __all__ = [
     "fail",
@@ -44,11 +45,6 @@ VETH_RETRIES = 10
 #: GC stdin key (pycni extension): report what would be collected, change nothing.
 DRY_RUN_KEY = "pycni.dev/dry-run"
 T = TypeVar("T")
-
-
-def fail(msg: str, details: str = "") -> CNIError:
-    """A plugin-internal error: code 999 with the message as text, as Go's skel reports one."""
-    return CNIError(msg, details, code=ErrorCode.INTERNAL)
 
 
 def in_netns(path: str | int, fn: Callable[..., T], *args: Any) -> T:
@@ -128,13 +124,6 @@ def add_veth(
                     f'container veth name ("{request.ifname}") peer provided ("{host_name}") already exists'
                 ) from e
     raise fail(f"failed to find a free veth name after {VETH_RETRIES} attempts")
-
-
-def netns_gone(e: BaseException) -> bool:
-    """Whether ``e`` says the container's namespace is gone: its path no longer exists, or no
-    longer is a network namespace (the empty file a bind mount left on a /run that survived a
-    reboot). DEL treats both as "nothing left in there to delete"."""
-    return isinstance(e, netns.NetnsError) and e.errno in (errno.ENOENT, errno.EINVAL)
 
 
 class Fields:

@@ -33,6 +33,8 @@ from typing import Any, TypeVar
 import attrs
 from pyroute2 import IPRoute, NetlinkError
 
+from .errors import LinkError
+
 __all__ = [
     "IPInterface",
     "IPRoute",
@@ -84,10 +86,6 @@ RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_HOST, RT_SCOPE_NOWHERE = 0, 253, 254,
 LOOPBACK_INDEX = 1
 
 _NO_VLAN_FILTERING = "VLAN filtering is not available in this kernel (CONFIG_BRIDGE_VLAN_FILTERING)"
-
-
-class LinkError(OSError):
-    """A netlink request failed; ``errno`` is the kernel's."""
 
 
 def _error(code: int, what: str = "") -> LinkError:

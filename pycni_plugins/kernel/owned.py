@@ -49,8 +49,8 @@ from pycni import netns
 from pycni.errors import CNIError
 from pycni.sdk import Attachment
 
-from .._common import fail, netns_gone
 from . import links
+from .errors import fail, netns_gone
 from .state import Records
 
 __all__ = ["KINDS", "VETH_KINDS", "LINK_KINDS", "Release", "LinkRecords", "delete_container_link"]
