@@ -40,7 +40,6 @@ import re
 from typing import Any
 
 import attrs
-from pyroute2 import NetlinkError
 
 from pycni import netns
 from pycni.errors import CNIError, ErrorCode
@@ -196,11 +195,8 @@ def _up_in_container(ifname: str) -> links.Link:
 
 def _alias(index: int) -> str | None:
     with links.iproute() as ipr:
-        try:
-            msg = ipr.link("get", index=index)[0]
-        except NetlinkError:
-            return None
-        return str(msg.get("ifalias") or "")
+        info = links.link_info(ipr, index=index)
+    return info.alias if info is not None else None
 
 
 def _move_out(ifname: str, index: int, host_fd: int, host_name: str | None) -> str:

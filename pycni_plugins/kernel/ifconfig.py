@@ -118,7 +118,7 @@ def check_on_link(ipr: links.IPRoute, index: int, ifname: str, prev: Result) -> 
 
 def _has_route_to(ipr: links.IPRoute, dst: ipaddress.IPv4Network | ipaddress.IPv6Network, gw: object = None) -> bool:
     family = socket.AF_INET if dst.version == 4 else socket.AF_INET6
-    for msg in ipr.route("dump", family=family, table=links.RT_TABLE_MAIN):
+    for msg in links.dump_routes(ipr, family):
         if msg["dst_len"] != dst.prefixlen:
             continue
         have = msg.get("dst")

@@ -26,12 +26,14 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import attrs
 from pyroute2 import IPRoute, NetlinkError
+from pyroute2.netlink import nlmsg_atoms
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
 
 from .errors import LinkError
 
@@ -41,9 +43,11 @@ __all__ = [
     "LOOPBACK_INDEX",
     "Link",
     "LinkError",
+    "LinkInfo",
     "iproute",
     "keep_iproutes",
     "get_link",
+    "link_info",
     "ifindex",
     "dump_links",
     "netnsid",
@@ -52,7 +56,6 @@ __all__ = [
     "ensure_bridge",
     "add_veth",
     "add_link",
-    "call",
     "set_up",
     "set_down",
     "set_mac",
@@ -66,6 +69,10 @@ __all__ = [
     "del_address",
     "add_route",
     "del_route",
+    "dump_routes",
+    "route",
+    "dump_rules",
+    "rule",
     "route_oif",
     "has_route",
     "wait_oper_up",
@@ -101,10 +108,21 @@ def _call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise _error(e.code) from None
 
 
-def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Any other pyroute2 request (rules, route dumps and copies), a kernel error raised as
-    :class:`LinkError`."""
-    return _call(method, *args, **kwargs)
+class _macvlan_data(macvx_data):  # type: ignore[misc]  # pyroute2's classes are untyped (Any)
+    """pyroute2's macvlan attributes plus IFLA_MACVLAN_BC_QUEUE_LEN (Linux 5.11), which it lacks."""
+
+    nla_map = (
+        *macvx_data.nla_map,
+        ("IFLA_MACVLAN_BC_QUEUE_LEN", "uint32"),
+        ("IFLA_MACVLAN_BC_QUEUE_LEN_USED", "uint32"),
+    )
+
+    class mode(nlmsg_atoms.uint32):  # type: ignore[misc]  # pyroute2's classes are untyped (Any)
+        value_map = {0: "none", 1: "private", 2: "vepa", 4: "bridge", 8: "passthru", 16: "source"}
+
+
+# pyroute2's link kinds are process-wide: registered once, with the module that sends them.
+ifinfmsg.ifinfo.register_link_kind(module={"macvlan": _macvlan_data})
 
 
 @contextmanager
@@ -226,6 +244,30 @@ def get_link(ipr: IPRoute, name: str | None = None, *, index: int | None = None)
             return None
         raise _error(e.code) from None
     return _link(msgs[0]) if msgs else None
+
+
+@attrs.frozen
+class LinkInfo:
+    """A link with what only some readers need: its alias (IFLA_IFALIAS) and its kind's own
+    attributes (IFLA_INFO_DATA by name: ``IFLA_MACVLAN_MODE``, ``IFLA_VRF_TABLE``, ...)."""
+
+    link: Link
+    alias: str
+    data: Mapping[str, Any]
+
+
+def link_info(ipr: IPRoute, name: str | None = None, *, index: int | None = None) -> LinkInfo | None:
+    """The link by name or index with its alias and kind data, ``None`` if there is none."""
+    try:
+        msgs = ipr.link("get", index=index) if index is not None else ipr.link("get", ifname=name)
+    except NetlinkError as e:
+        if e.code == errno.ENODEV:
+            return None
+        raise _error(e.code) from None
+    if not msgs:
+        return None
+    data = msgs[0].get(("linkinfo", "data"))
+    return LinkInfo(_link(msgs[0]), msgs[0].get("ifalias") or "", dict(data["attrs"]) if data is not None else {})
 
 
 def ifindex(name: str) -> int | None:
@@ -515,6 +557,55 @@ def del_route(ipr: IPRoute, index: int, dst: IPNetwork) -> None:
     except LinkError as e:
         if e.errno != errno.ESRCH:
             raise
+
+
+def dump_routes(ipr: IPRoute, family: int, table: int = RT_TABLE_MAIN) -> list[dict[str, Any]]:
+    """The routes of ``table`` in ``family``, each as the attributes that identify and re-create
+    it with :func:`route`: ``family``, ``dst_len``, ``proto``, ``scope``, ``type``, ``table``, and
+    those of ``dst``, ``gateway``, ``prefsrc``, ``oif``, ``priority`` it has."""
+    out = []
+    for msg in _call(ipr.route, "dump", family=family, table=table):
+        spec: dict[str, Any] = {
+            "family": msg["family"],
+            "dst_len": msg["dst_len"],
+            "proto": msg["proto"],
+            "scope": msg["scope"],
+            "type": msg["type"],
+            "table": msg.get("table") or msg["table"],  # RTA_TABLE; the header's is 8 bits
+        }
+        for key in ("dst", "gateway", "prefsrc", "oif", "priority"):
+            value = msg.get(key)
+            if value is not None:
+                spec[key] = value
+        out.append(spec)
+    return out
+
+
+def route(ipr: IPRoute, command: str, **spec: Any) -> None:
+    """``add``, ``replace`` or ``del`` one route given by pyroute2's attributes (as
+    :func:`dump_routes` gives them)."""
+    _call(ipr.route, command, **spec)
+
+
+def dump_rules(ipr: IPRoute, family: int) -> list[dict[str, Any]]:
+    """The policy routing rules of ``family``: ``family``, ``table``, ``priority``, and
+    ``src``/``src_len`` (``src`` is None for a rule from any source)."""
+    return [
+        {
+            "family": msg["family"],
+            "table": msg.get("table") or msg["table"],  # FRA_TABLE; the header's is 8 bits
+            "priority": msg.get("priority") or 0,
+            "src": msg.get("src"),
+            "src_len": msg["src_len"],
+        }
+        for msg in _call(ipr.get_rules, family=family)
+    ]
+
+
+def rule(ipr: IPRoute, command: str, **spec: Any) -> None:
+    """``add`` or ``del`` one rule given by pyroute2's attributes (``family``, ``table``,
+    ``src``, ``src_len``, ``priority``)."""
+    _call(ipr.rule, command, **spec)
 
 
 def route_oif(ipr: IPRoute, dst: str) -> int | None:
