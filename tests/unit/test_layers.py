@@ -143,6 +143,26 @@ def test_the_kernel_helpers_are_the_plugins_ground_floor() -> None:
     assert bad == []
 
 
+def _third_party(source: str) -> set[str]:
+    """The top-level names of what ``source`` imports absolutely (lazy imports included)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module.partition(".")[0])
+    return out
+
+
+def test_only_the_kernel_helpers_use_pyroute2() -> None:
+    # Netlink errors are translated once, in kernel/links.py: a plugin reaches the kernel
+    # through kernel/, never through pyroute2 itself.
+    users = [m for m, path in modules().items() if "pyroute2" in _third_party(path.read_text())]
+    bad = [m for m in users if _within(m, ("pycni_plugins",)) and not _within(m, ("pycni_plugins.kernel",))]
+    assert "pycni_plugins.kernel.links" in users
+    assert bad == []
+
+
 def test_nothing_in_pycni_imports_the_plugins_but_the_plugins_cli() -> None:
     bad = {(m, t) for m, t in _edges() if _within(m, ("pycni",)) and _within(t, ("pycni_plugins",))}
     assert bad <= RUNTIME_INTO_PLUGINS
