@@ -15,10 +15,11 @@ from pycni.sdk import Attachment, GCAttachment, GCReport, PluginRequest, delegat
 from pycni.types import Result, convert, parse_result
 
 from .kernel import links, nft
-from .kernel.errors import fail, netns_gone
+from .kernel.errors import fail, failing, netns_gone
 
 __all__ = [
     "fail",
+    "failing",
     "add_with_undo",
     "add_veth",
     "in_netns",

@@ -34,6 +34,7 @@ from ._common import (
     dry_run,
     emit,
     fail,
+    failing,
     finish_gc,
     in_netns,
     ipam_result,
@@ -167,11 +168,8 @@ def _up(ifname: str) -> None:
     index = links.ifindex(ifname)
     if index is None:
         raise fail(f'failed to find interface name "{ifname}": Link not found')
-    with links.iproute() as ipr:
-        try:
-            links.set_up(ipr, index)
-        except links.LinkError as e:
-            raise fail(f'failed to set "{ifname}" UP: {e.strerror}') from e
+    with links.iproute() as ipr, failing(f'failed to set "{ifname}" UP'):
+        links.set_up(ipr, index)
 
 
 def configure(
@@ -258,12 +256,11 @@ def _delete_owned(request: PluginRequest, kind: str) -> None:
     if link is None:
         return
     try:
-        netns.run_in(request.netns, _delete_index, link.index, link.mac)
+        with failing(f'failed to delete "{link.name}"'):
+            netns.run_in(request.netns, _delete_index, link.index, link.mac)
     except netns.NetnsError as e:
         if not netns_gone(e):
             raise fail(str(e)) from e
-    except links.LinkError as e:
-        raise fail(f'failed to delete "{link.name}": {e.strerror}') from e
 
 
 def _undo(request: PluginRequest, kind: str) -> None:

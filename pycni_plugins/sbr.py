@@ -29,7 +29,7 @@ from pycni import netns
 from pycni.sdk import Plugin, PluginRequest, cancel
 from pycni.types import IPConfig, Result
 
-from ._common import Fields, emit, fail, in_netns, netns_gone, prev_result
+from ._common import Fields, emit, fail, failing, in_netns, netns_gone, prev_result
 from .kernel import links
 
 __all__ = ["SbrPlugin"]
@@ -115,10 +115,8 @@ def _add(ifname: str, ips: tuple[IPConfig, ...], table: int | None) -> None:
         try:
             if table is not None:
                 for ip in ips:
-                    try:
+                    with failing("failed to add rule"):
                         undo.append(("rule", _add_rule(ipr, ip.address.ip, table)))
-                    except links.LinkError as e:
-                        raise fail(f"failed to add rule: {e.strerror}") from e
                 return
             _add_with_routes(ipr, ifname, ips, undo)
         except BaseException:
@@ -143,10 +141,8 @@ def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...],
         raise fail(f"Cannot find network interface {ifname}: Link not found")
     routes = [r for family in _FAMILIES for r in links.dump_routes(ipr, family) if r.get("oif") == index]
     for ip in ips:
-        try:
+        with failing("Failed to add rule"):
             undo.append(("rule", _add_rule(ipr, ip.address.ip, table)))
-        except links.LinkError as e:
-            raise fail(f"Failed to add rule: {e.strerror}") from e
         if ip.gateway is not None:
             default = {
                 "family": socket.AF_INET if ip.address.version == 4 else socket.AF_INET6,
@@ -156,10 +152,8 @@ def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...],
                 "oif": index,
                 "proto": links.RTPROT_BOOT,
             }
-            try:
+            with failing(f"Failed to add default route to {ip.gateway}"):
                 links.route(ipr, "add", **default)
-            except links.LinkError as e:
-                raise fail(f"Failed to add default route to {ip.gateway}: {e.strerror}") from e
             undo.append(("route", default))
         for route in routes:
             if (
@@ -168,18 +162,14 @@ def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...],
                 or (route.get("prefsrc") is None and route.get("gateway") is None)
             ):
                 copy = {**route, "table": table}
-                try:
+                with failing("Failed to readd route"):
                     links.route(ipr, "replace", **copy)
-                except links.LinkError as e:
-                    raise fail(f"Failed to readd route: {e.strerror}") from e
                 undo.append(("route", copy))
         used.add(table)
         table = _free_table(used, table + 1)
     for route in routes:
-        try:
+        with failing("Failed to delete route"):
             links.route(ipr, "del", **route)
-        except links.LinkError as e:
-            raise fail(f"Failed to delete route: {e.strerror}") from e
         undo.append(("restore", route))
 
 

@@ -36,7 +36,7 @@ from pycni.errors import CNIError
 from pycni.sdk import Plugin, PluginRequest
 from pycni.types import Result
 
-from ._common import Fields, emit, fail, in_netns, is_link_name, netns_gone, prev_result
+from ._common import Fields, emit, fail, failing, in_netns, is_link_name, netns_gone, prev_result
 from ._sublink import DRIVERS
 from .kernel import links
 
@@ -134,22 +134,16 @@ def _attach(ipr: links.IPRoute, name: str, table: int, ifname: str, undo: list[A
         for r in links.dump_routes(ipr, family)
         if r.get("oif") == link.index and r["scope"] == _RT_SCOPE_UNIVERSE
     ]
-    try:
+    with failing(f"could not set vrf {name} as master of {ifname}"):
         links.set_link(ipr, link.index, master=vrf.index)
-    except links.LinkError as e:
-        raise fail(f"could not set vrf {name} as master of {ifname}: {e.strerror}") from e
     undo.append(lambda: links.set_link(ipr, link.index, master=0))
     for addr in sorted(before - _global_v6(ipr, link.index), key=str):
-        try:
+        with failing(f"could not restore address {addr} to {ifname} @ {name}"):
             links.add_address(ipr, link.index, addr, exist_ok=True)
-        except links.LinkError as e:
-            raise fail(f"could not restore address {addr} to {ifname} @ {name}: {e.strerror}") from e
         _wait_local_route(ipr, table, link.index, addr, ifname)
     for r in routes:
-        try:
+        with failing(f"could not add route '{r.get('dst')}/{r['dst_len']}'"):
             links.route(ipr, "replace", **{**r, "table": table})
-        except links.LinkError as e:
-            raise fail(f"could not add route '{r.get('dst')}/{r['dst_len']}': {e.strerror}") from e
 
 
 def _wait_local_route(ipr: links.IPRoute, table: int, index: int, addr: Any, ifname: str) -> None:
@@ -214,12 +208,11 @@ class VrfPlugin(Plugin):
         if not request.netns:
             return
         try:
-            netns.run_in(request.netns, _del, name, request.ifname)
+            with failing("cmdDel failed"):
+                netns.run_in(request.netns, _del, name, request.ifname)
         except netns.NetnsError as e:
             if not netns_gone(e):
                 raise fail(str(e)) from e
-        except links.LinkError as e:
-            raise fail(f"cmdDel failed: {e.strerror}") from e
 
     def check(self, request: PluginRequest) -> None:
         name, _ = _config(request)

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pycni.types import IPConfig, Result, Route
 
 from . import links, sysctl
-from .errors import fail
+from .errors import fail, failing
 
 __all__ = ["configure_iface", "check_ips", "check_routes", "check_on_link", "default_route_link"]
 
@@ -47,32 +47,21 @@ def configure_iface(ifname: str, result: Result) -> None:
                 except OSError as e:
                     raise fail(f'failed to enable keep_addr_on_down for interface "{ifname}": {e.strerror}') from e
                 v6_enabled = True
-            try:
+            with failing(f'failed to add IP addr {ip.address} to "{ifname}"'):
                 links.add_address(ipr, index, ip.address)
-            except links.LinkError as e:
-                raise fail(f'failed to add IP addr {ip.address} to "{ifname}": {e.strerror}') from e
             if ip.gateway is not None:
                 gateways.setdefault(ip.gateway.version, str(ip.gateway))
-        try:
+        with failing(f'failed to set "{ifname}" UP'):
             links.set_up(ipr, index)
-        except links.LinkError as e:
-            raise fail(f'failed to set "{ifname}" UP: {e.strerror}') from e
         if 6 in gateways:
-            try:
+            with failing(f'failed to settle addresses for "{ifname}"'):
                 links.wait_dad(ipr, index)
-            except links.LinkError as e:
-                raise fail(f'failed to settle addresses for "{ifname}": {e.strerror}') from e
         for route in result.routes:
             gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
-            try:
+            with failing(f"failed to add route '{route.dst.network} via {gw} dev {ifname} metric {route.priority}'"):
                 links.add_route(
                     ipr, index, route.dst.network, gw, priority=route.priority, table=route.table, scope=route.scope
                 )
-            except links.LinkError as e:
-                raise fail(
-                    f"failed to add route '{route.dst.network} via {gw} dev {ifname} metric {route.priority}': "
-                    f"{e.strerror}"
-                ) from e
 
 
 def check_ips(ifname: str, ips: Iterable[IPConfig]) -> None:
