@@ -9,7 +9,10 @@ never used: it forks a helper, and by default creates a namespace that is missin
 A link is fetched with one ``RTM_GETLINK`` by index or name, never by filtering a dump (only
 addresses and routes, which have no such request, are dumped). Every request costs ~0.3 ms of
 pyroute2 encoding and decoding, so callers make as few as they can. Kernel errors come out as
-:class:`LinkError`, an ``OSError`` carrying the kernel's errno.
+:class:`LinkError` (:mod:`.errors`), an ``OSError`` carrying the kernel's errno: every request,
+:mod:`.tc`'s and :mod:`.conntrack`'s too, goes through :func:`call`, the one place pyroute2's
+``NetlinkError`` is translated. The plugins never use pyroute2 themselves: what they need of it
+is here (:func:`link_info`, :func:`dump_routes`, :func:`dump_rules`, macvlan's link kind).
 
 :func:`delete_link` returns once the device is unlisted: the acknowledgement of the delete
 request waits for the kernel's RCU barrier and refcount drain (~15-35 ms here), so a helper
