@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -12,8 +11,11 @@ from pycni.errors import CNIError, ErrorCode
 from pycni.sdk import Attachment, GCAttachment, GCReport, PluginRequest, delegate, ifname_problem
 from pycni.types import Result, convert, parse_result
 
+from .kernel.errors import fail, failing, netns_gone
+
 __all__ = [
     "fail",
+    "failing",
     "in_netns",
     "open_container",
     "netns_gone",
@@ -38,11 +40,6 @@ DRY_RUN_KEY = "pycni.dev/dry-run"
 T = TypeVar("T")
 
 
-def fail(msg: str, details: str = "") -> CNIError:
-    """A plugin-internal error: code 999 with the message as text, as Go's skel reports one."""
-    return CNIError(msg, details, code=ErrorCode.INTERNAL)
-
-
 def in_netns(path: str | int, fn: Callable[..., T], *args: Any) -> T:
     """:func:`pycni.netns.run_in`, with a namespace that cannot be entered reported as a CNI error."""
     try:
@@ -58,13 +55,6 @@ def open_container(request: PluginRequest) -> int:
         return netns.open_netns(request.netns)
     except netns.NetnsError as e:
         raise fail(f'failed to open netns "{request.netns}": {e.strerror}') from e
-
-
-def netns_gone(e: BaseException) -> bool:
-    """Whether ``e`` says the container's namespace is gone: its path no longer exists, or no
-    longer is a network namespace (the empty file a bind mount left on a /run that survived a
-    reboot). DEL treats both as "nothing left in there to delete"."""
-    return isinstance(e, netns.NetnsError) and e.errno in (errno.ENOENT, errno.EINVAL)
 
 
 class Fields(GoReader):

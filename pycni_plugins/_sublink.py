@@ -1,6 +1,8 @@
-"""What macvlan, ipvlan and vlan share: a link made on a master and handed to the container.
+"""What the plugins that hand the container a whole interface share: macvlan, ipvlan and vlan
+(a link made on a master), host-device (configuring, CHECK and GC of a moved device) and vrf
+(the drivers a kernel may lack).
 
-The link is created with a temporary name directly in the container's namespace (or, with
+A sub-link is created with a temporary name directly in the container's namespace (or, with
 ``linkInContainer``, in it from a master that lives there), renamed to ``CNI_IFNAME`` there and
 deleted again if anything later fails; addresses come from the IPAM plugin (all on interface
 0) and are applied as the reference's ``ConfigureIface`` does. DEL runs the IPAM plugin's DEL,
@@ -20,7 +22,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from pyroute2 import NetlinkError
 
 from pycni import netns
 from pycni.errors import CNIError
@@ -33,6 +34,7 @@ from ._common import (
     dry_run,
     emit,
     fail,
+    failing,
     finish_gc,
     in_netns,
     ipam_result,
@@ -166,11 +168,8 @@ def _up(ifname: str) -> None:
     index = links.ifindex(ifname)
     if index is None:
         raise fail(f'failed to find interface name "{ifname}": Link not found')
-    with links.iproute() as ipr:
-        try:
-            links.set_up(ipr, index)
-        except links.LinkError as e:
-            raise fail(f'failed to set "{ifname}" UP: {e.strerror}') from e
+    with links.iproute() as ipr, failing(f'failed to set "{ifname}" UP'):
+        links.set_up(ipr, index)
 
 
 def configure(
@@ -257,12 +256,11 @@ def _delete_owned(request: PluginRequest, kind: str) -> None:
     if link is None:
         return
     try:
-        netns.run_in(request.netns, _delete_index, link.index, link.mac)
+        with failing(f'failed to delete "{link.name}"'):
+            netns.run_in(request.netns, _delete_index, link.index, link.mac)
     except netns.NetnsError as e:
         if not netns_gone(e):
             raise fail(str(e)) from e
-    except links.LinkError as e:
-        raise fail(f'failed to delete "{link.name}": {e.strerror}') from e
 
 
 def _undo(request: PluginRequest, kind: str) -> None:
@@ -295,15 +293,9 @@ def gc(request: PluginRequest, kind: str, release: owned.Release = _release) -> 
     return finish_gc(request, ipam_type, removed, errors)
 
 
-def _read(ifname: str) -> tuple[links.Link | None, dict[str, Any]]:
+def _read(ifname: str) -> links.LinkInfo | None:
     with links.iproute() as ipr:
-        try:
-            msgs = ipr.link("get", ifname=ifname)
-        except NetlinkError:
-            return None, {}
-        data = msgs[0].get(("linkinfo", "data"))
-        attrs_ = dict(data["attrs"]) if data is not None else {}
-        return links.get_link(ipr, ifname), attrs_
+        return links.link_info(ipr, ifname)
 
 
 def check(
@@ -342,13 +334,14 @@ def check(
 
 
 def _check_container(kind: str | None, iface: Interface, prev: Result, verify: Any, cap: Any, prefix: str) -> None:
-    link, data = _read(iface.name)
-    if link is None:
+    info = _read(iface.name)
+    if info is None:
         raise fail(prefix + cap("container") + f" Interface name in prevResult: {iface.name} not found")
+    link = info.link
     if kind is not None and link.kind != kind:
         raise fail(cap("error") + f": Container interface {link.name} not of type {kind}")
     if verify is not None:
-        verify(link, data)
+        verify(link, info.data)
     if iface.mac and iface.mac.lower() != link.mac:
         raise fail(prefix + cap("interface") + f" {iface.name} Mac {iface.mac} doesn't match container Mac: {link.mac}")
     ifconfig.check_ips(iface.name, prev.ips)

@@ -49,7 +49,7 @@ from pycni._json import go_kind
 from pycni.sdk import Attachment, GCReport, Plugin, PluginRequest
 from pycni.types import Interface, Result
 
-from ._common import attachment, dry_run, emit, fail, gc_report, prev_result, valid_attachments
+from ._common import attachment, dry_run, emit, fail, failing, gc_report, prev_result, valid_attachments
 from .kernel import links, tc
 from .kernel.state import Records
 
@@ -221,29 +221,21 @@ class BandwidthPlugin(Plugin):
                 _records(request).store(att.key, {**record, "ingress": bw.ingress, "egress": bw.egress})
                 undo.append(lambda: _records(request).remove(att.key))
                 if bw.ingress:
-                    try:
+                    with failing("create qdisc"):
                         tc.add_tbf(host.index, tc.tbf_params(bw.ingress_rate, bw.ingress_burst))
-                    except links.LinkError as e:
-                        raise fail(f"create qdisc: {e.strerror}") from e
                     undo.append(lambda: tc.delete_qdisc(ipr, host.index, ingress=False))
                 if bw.egress:
-                    try:
+                    with failing("adding link"):
                         links.add_link(ipr, ifb, "ifb", mtu=host.mtu, txqlen=0, up=True)
-                    except links.LinkError as e:
-                        raise fail(f"adding link: {e.strerror}") from e
                     undo.append(lambda: links.delete_link(ifb))
                     ifb_link = links.get_link(ipr, ifb)
                     if ifb_link is None:
                         raise fail(f"get ifb device: {ifb} vanished")
-                    try:
+                    with failing("create ingress qdisc"):
                         tc.add_ingress_redirect(ipr, host.index, ifb_link.index)
-                    except links.LinkError as e:
-                        raise fail(f"create ingress qdisc: {e.strerror}") from e
                     undo.append(lambda: tc.delete_qdisc(ipr, host.index, ingress=True))
-                    try:
+                    with failing("create ifb qdisc: create qdisc"):
                         tc.add_tbf(ifb_link.index, tc.tbf_params(bw.egress_rate, bw.egress_burst))
-                    except links.LinkError as e:
-                        raise fail(f"create ifb qdisc: create qdisc: {e.strerror}") from e
                     prev = attrs.evolve(prev, interfaces=[*prev.interfaces, Interface(ifb, ifb_link.mac)])
             except BaseException:
                 for step in reversed(undo):
@@ -303,12 +295,10 @@ class BandwidthPlugin(Plugin):
             removed.append(f"pycni state record bandwidth/{name}")
             if dry_run(request):
                 continue
-            try:
+            with failing(f"failed to remove {ifb}"):
                 _remove_host_qdiscs(record)
                 if ifb is not None:
                     links.delete_link(ifb)
-            except links.LinkError as e:
-                raise fail(f"failed to remove {ifb}: {e.strerror}") from e
             records.remove(name)
         return gc_report(removed)
 

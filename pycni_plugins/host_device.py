@@ -41,7 +41,6 @@ import re
 from typing import Any
 
 import attrs
-from pyroute2 import NetlinkError
 
 from pycni import netns
 from pycni.errors import CNIError, ErrorCode
@@ -49,7 +48,7 @@ from pycni.sdk import GCReport, Plugin, PluginRequest, delegate
 from pycni.types import Interface, IPConfig, Result
 
 from . import _sublink
-from ._common import Fields, attachment, emit, fail, ipam_result, netns_gone, open_container
+from ._common import Fields, attachment, emit, fail, failing, ipam_result, netns_gone, open_container
 from .kernel import ifconfig, links, owned
 
 __all__ = ["HostDeviceConfig", "HostDevicePlugin", "load_config"]
@@ -197,11 +196,8 @@ def _up_in_container(ifname: str) -> links.Link:
 
 def _alias(index: int) -> str | None:
     with links.iproute() as ipr:
-        try:
-            msg = ipr.link("get", index=index)[0]
-        except NetlinkError:
-            return None
-        return str(msg.get("ifalias") or "")
+        info = links.link_info(ipr, index=index)
+    return info.alias if info is not None else None
 
 
 def _move_out(ifname: str, index: int, host_fd: int, host_name: str | None) -> str:
@@ -213,11 +209,8 @@ def _move_out(ifname: str, index: int, host_fd: int, host_name: str | None) -> s
     name = host_name or alias
     if not name:
         raise fail(f'failed to find original ifname for "{ifname}" (alias is not set)')
-    with links.iproute() as ipr:
-        try:
-            links.set_link(ipr, index, net_ns_fd=host_fd, ifname=name)
-        except links.LinkError as e:
-            raise fail(f'failed to move "{name}" to hostNS: {e.strerror}') from e
+    with links.iproute() as ipr, failing(f'failed to move "{name}" to hostNS'):
+        links.set_link(ipr, index, net_ns_fd=host_fd, ifname=name)
     return name
 
 
@@ -227,10 +220,8 @@ def _restore_host(name: str, addresses: list[str], up: bool) -> None:
         link = links.get_link(ipr, name)
         if link is None:
             raise fail(f'failed to find "{name}" in hostNS after moving it back')
-        try:
+        with failing(f'failed to unset alias of "{name}"'):
             links.set_link(ipr, link.index, ifalias="")
-        except links.LinkError as e:
-            raise fail(f'failed to unset alias of "{name}": {e.strerror}') from e
         if up:
             links.set_up(ipr, link.index)
         for addr in addresses:

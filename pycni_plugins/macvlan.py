@@ -26,8 +26,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from pyroute2.netlink import nlmsg_atoms
-from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
 
 from pycni.sdk import GCReport, Plugin, PluginRequest, delegate
 from pycni.types import DNS
@@ -41,22 +39,6 @@ __all__ = ["MacvlanConfig", "MacvlanPlugin", "load_config"]
 MODES = {"": 4, "bridge": 4, "private": 1, "vepa": 2, "passthru": 8}
 _MODE_NAMES = {4: "bridge", 1: "private", 2: "vepa", 8: "passthru"}
 _MAC = re.compile(r"[0-9a-fA-F]{2}([:-])[0-9a-fA-F]{2}(\1[0-9a-fA-F]{2}){4}")
-
-
-class _macvlan_data(macvx_data):  # type: ignore[misc]  # pyroute2's classes are untyped (Any)
-    """pyroute2's macvlan attributes plus IFLA_MACVLAN_BC_QUEUE_LEN (Linux 5.11), which it lacks."""
-
-    nla_map = (
-        *macvx_data.nla_map,
-        ("IFLA_MACVLAN_BC_QUEUE_LEN", "uint32"),
-        ("IFLA_MACVLAN_BC_QUEUE_LEN_USED", "uint32"),
-    )
-
-    class mode(nlmsg_atoms.uint32):  # type: ignore[misc]  # pyroute2's classes are untyped (Any)
-        value_map = {0: "none", 1: "private", 2: "vepa", 4: "bridge", 8: "passthru", 16: "source"}
-
-
-ifinfmsg.ifinfo.register_link_kind(module={"macvlan": _macvlan_data})
 
 
 @attrs.frozen

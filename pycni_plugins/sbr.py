@@ -29,7 +29,7 @@ from pycni import netns
 from pycni.sdk import Plugin, PluginRequest, cancel
 from pycni.types import IPConfig, Result
 
-from ._common import Fields, emit, fail, in_netns, netns_gone, prev_result
+from ._common import Fields, emit, fail, failing, in_netns, netns_gone, prev_result
 from .kernel import links
 
 __all__ = ["SbrPlugin"]
@@ -74,19 +74,14 @@ def _locked(path: str) -> Iterator[int]:
         os.close(fd)
 
 
-def _rules(ipr: links.IPRoute) -> list[Any]:
-    return [r for family in _FAMILIES for r in links.call(ipr.get_rules, family=family)]
-
-
-def _rule_table(rule: Any) -> int:
-    table: int = rule.get("table") or rule["table"]  # pyroute2 is untyped
-    return table
+def _rules(ipr: links.IPRoute) -> list[dict[str, Any]]:
+    return [r for family in _FAMILIES for r in links.dump_rules(ipr, family)]
 
 
 def _default_pref(ipr: links.IPRoute, family: int) -> int:
     """The priority the kernel gives a rule sent without one (``fib_default_rule_pref``): one
     below the second rule's. pyroute2 always sends a priority, so it is computed here."""
-    prefs = sorted(r.get("priority") or 0 for r in links.call(ipr.get_rules, family=family))
+    prefs = sorted(r["priority"] for r in links.dump_rules(ipr, family))
     return prefs[1] - 1 if len(prefs) > 1 and prefs[1] else 0
 
 
@@ -99,24 +94,7 @@ def _add_rule(ipr: links.IPRoute, ip: ipaddress.IPv4Address | ipaddress.IPv6Addr
         "src_len": ip.max_prefixlen,
         "priority": _default_pref(ipr, family),
     }
-    links.call(ipr.rule, "add", **spec)
-    return spec
-
-
-def _route_spec(msg: Any) -> dict[str, Any]:
-    """A dumped route as the attributes that identify and re-create it."""
-    spec: dict[str, Any] = {
-        "family": msg["family"],
-        "dst_len": msg["dst_len"],
-        "proto": msg["proto"],
-        "scope": msg["scope"],
-        "type": msg["type"],
-        "table": msg.get("table") or msg["table"],
-    }
-    for key in ("dst", "gateway", "prefsrc", "oif", "priority"):
-        value = msg.get(key)
-        if value is not None:
-            spec[key] = value
+    links.rule(ipr, "add", **spec)
     return spec
 
 
@@ -137,43 +115,34 @@ def _add(ifname: str, ips: tuple[IPConfig, ...], table: int | None) -> None:
         try:
             if table is not None:
                 for ip in ips:
-                    try:
+                    with failing("failed to add rule"):
                         undo.append(("rule", _add_rule(ipr, ip.address.ip, table)))
-                    except links.LinkError as e:
-                        raise fail(f"failed to add rule: {e.strerror}") from e
                 return
             _add_with_routes(ipr, ifname, ips, undo)
         except BaseException:
             for what, spec in reversed(undo):
                 with contextlib.suppress(Exception):
                     if what == "rule":
-                        links.call(ipr.rule, "del", **spec)
+                        links.rule(ipr, "del", **spec)
                     elif what == "route":
-                        links.call(ipr.route, "del", **spec)
+                        links.route(ipr, "del", **spec)
                     else:
-                        links.call(ipr.route, "replace", **spec)
+                        links.route(ipr, "replace", **spec)
             raise
 
 
 def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...], undo: list[Any]) -> None:
     # Tables in use: by a rule, or (as the reference's main-table route list can only show)
     # the main table itself.
-    used = {_rule_table(r) for r in _rules(ipr)} | {links.RT_TABLE_MAIN}
+    used = {r["table"] for r in _rules(ipr)} | {links.RT_TABLE_MAIN}
     table = _free_table(used, FIRST_TABLE)
     index = links.ifindex(ifname)
     if index is None:
         raise fail(f"Cannot find network interface {ifname}: Link not found")
-    routes = [
-        _route_spec(m)
-        for family in _FAMILIES
-        for m in links.call(ipr.route, "dump", family=family, table=links.RT_TABLE_MAIN)
-        if m.get("oif") == index
-    ]
+    routes = [r for family in _FAMILIES for r in links.dump_routes(ipr, family) if r.get("oif") == index]
     for ip in ips:
-        try:
+        with failing("Failed to add rule"):
             undo.append(("rule", _add_rule(ipr, ip.address.ip, table)))
-        except links.LinkError as e:
-            raise fail(f"Failed to add rule: {e.strerror}") from e
         if ip.gateway is not None:
             default = {
                 "family": socket.AF_INET if ip.address.version == 4 else socket.AF_INET6,
@@ -183,10 +152,8 @@ def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...],
                 "oif": index,
                 "proto": links.RTPROT_BOOT,
             }
-            try:
-                links.call(ipr.route, "add", **default)
-            except links.LinkError as e:
-                raise fail(f"Failed to add default route to {ip.gateway}: {e.strerror}") from e
+            with failing(f"Failed to add default route to {ip.gateway}"):
+                links.route(ipr, "add", **default)
             undo.append(("route", default))
         for route in routes:
             if (
@@ -195,24 +162,20 @@ def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...],
                 or (route.get("prefsrc") is None and route.get("gateway") is None)
             ):
                 copy = {**route, "table": table}
-                try:
-                    links.call(ipr.route, "replace", **copy)
-                except links.LinkError as e:
-                    raise fail(f"Failed to readd route: {e.strerror}") from e
+                with failing("Failed to readd route"):
+                    links.route(ipr, "replace", **copy)
                 undo.append(("route", copy))
         used.add(table)
         table = _free_table(used, table + 1)
     for route in routes:
-        try:
-            links.call(ipr.route, "del", **route)
-        except links.LinkError as e:
-            raise fail(f"Failed to delete route: {e.strerror}") from e
+        with failing("Failed to delete route"):
+            links.route(ipr, "del", **route)
         undo.append(("restore", route))
 
 
 def _tidy(ifname: str, table: int | None) -> None:
     with links.iproute() as ipr:
-        rules = [r for r in _rules(ipr) if table is None or _rule_table(r) == table]
+        rules = [r for r in _rules(ipr) if table is None or r["table"] == table]
         index = links.ifindex(ifname)
         if index is None:
             return
@@ -223,15 +186,7 @@ def _tidy(ifname: str, table: int | None) -> None:
             if src is None or ipaddress.ip_address(src) not in mine:
                 continue
             try:
-                links.call(
-                    ipr.rule,
-                    "del",
-                    family=rule["family"],
-                    table=_rule_table(rule),
-                    src=src,
-                    src_len=rule["src_len"],
-                    priority=rule.get("priority") or 0,
-                )
+                links.rule(ipr, "del", **rule)
             except links.LinkError as e:
                 errors.append(f"Failed to delete rule {e.strerror}")
         if errors:

@@ -45,7 +45,18 @@ import attrs
 from pycni._json import go_kind
 from pycni.sdk import GCReport, Plugin, PluginRequest
 
-from ._common import Fields, dry_run, emit, fail, gc_report, in_netns, netns_gone, prev_result, valid_attachments
+from ._common import (
+    Fields,
+    dry_run,
+    emit,
+    fail,
+    failing,
+    gc_report,
+    in_netns,
+    netns_gone,
+    prev_result,
+    valid_attachments,
+)
 from .kernel import links, sysctl
 from .kernel.state import Records
 
@@ -223,7 +234,7 @@ def _set(ipr: Any, link: links.Link, values: Mapping[str, Any]) -> None:
         if key not in values:
             continue
         value = values[key]
-        try:
+        with failing(f'failed to set {_WHAT[key]} of "{link.name}" to {value}'):
             if key == "mac":
                 links.set_link(ipr, link.index, address=_mac(value))
             elif key == "mtu":
@@ -233,8 +244,6 @@ def _set(ipr: Any, link: links.Link, values: Mapping[str, Any]) -> None:
             else:
                 flag = _FLAGS[key]
                 links.set_link(ipr, link.index, flags=flag if value else 0, change=flag)
-        except links.LinkError as e:
-            raise fail(f'failed to set {_WHAT[key]} of "{link.name}" to {value}: {e.strerror}') from e
 
 
 def _apply(request: PluginRequest, conf: TuningConfig, resolved: list[tuple[str, str]], records: Records) -> None:

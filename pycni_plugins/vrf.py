@@ -36,7 +36,7 @@ from pycni.errors import CNIError
 from pycni.sdk import Plugin, PluginRequest
 from pycni.types import Result
 
-from ._common import Fields, emit, fail, in_netns, is_link_name, netns_gone, prev_result
+from ._common import Fields, emit, fail, failing, in_netns, is_link_name, netns_gone, prev_result
 from ._sublink import DRIVERS
 from .kernel import links
 
@@ -63,8 +63,9 @@ def _config(request: PluginRequest) -> tuple[str, int]:
 
 
 def _vrf_table(ipr: links.IPRoute, index: int) -> int:
-    data = links.call(ipr.link, "get", index=index)[0].get(("linkinfo", "data"))
-    return (data.get("IFLA_VRF_TABLE") if data is not None else None) or 0
+    info = links.link_info(ipr, index=index)
+    table: int = (info.data.get("IFLA_VRF_TABLE") if info is not None else None) or 0
+    return table
 
 
 def _find(ipr: links.IPRoute, name: str) -> links.Link | None:
@@ -128,36 +129,27 @@ def _attach(ipr: links.IPRoute, name: str, table: int, ifname: str, undo: list[A
         raise fail(f"interface {ifname} has already a master set: {master.name if master else link.master}")
     before = _global_v6(ipr, link.index)
     routes = [
-        m
+        r
         for family in (socket.AF_INET, socket.AF_INET6)
-        for m in links.call(ipr.route, "dump", family=family, table=links.RT_TABLE_MAIN)
-        if m.get("oif") == link.index and m["scope"] == _RT_SCOPE_UNIVERSE
+        for r in links.dump_routes(ipr, family)
+        if r.get("oif") == link.index and r["scope"] == _RT_SCOPE_UNIVERSE
     ]
-    try:
+    with failing(f"could not set vrf {name} as master of {ifname}"):
         links.set_link(ipr, link.index, master=vrf.index)
-    except links.LinkError as e:
-        raise fail(f"could not set vrf {name} as master of {ifname}: {e.strerror}") from e
     undo.append(lambda: links.set_link(ipr, link.index, master=0))
     for addr in sorted(before - _global_v6(ipr, link.index), key=str):
-        try:
+        with failing(f"could not restore address {addr} to {ifname} @ {name}"):
             links.add_address(ipr, link.index, addr, exist_ok=True)
-        except links.LinkError as e:
-            raise fail(f"could not restore address {addr} to {ifname} @ {name}: {e.strerror}") from e
         _wait_local_route(ipr, table, link.index, addr, ifname)
-    for m in routes:
-        spec = {k: m.get(k) for k in ("dst", "gateway", "prefsrc", "priority") if m.get(k) is not None}
-        spec.update(family=m["family"], dst_len=m["dst_len"], oif=link.index, table=table, proto=m["proto"])
-        spec.update(scope=m["scope"], type=m["type"])
-        try:
-            links.call(ipr.route, "replace", **spec)
-        except links.LinkError as e:
-            raise fail(f"could not add route '{spec.get('dst')}/{m['dst_len']}': {e.strerror}") from e
+    for r in routes:
+        with failing(f"could not add route '{r.get('dst')}/{r['dst_len']}'"):
+            links.route(ipr, "replace", **{**r, "table": table})
 
 
 def _wait_local_route(ipr: links.IPRoute, table: int, index: int, addr: Any, ifname: str) -> None:
     for delay in (*_ROUTE_WAIT, None):
-        for m in links.call(ipr.route, "dump", family=socket.AF_INET6, table=table):
-            if m.get("oif") == index and m["dst_len"] == 128 and ipaddress.ip_address(m.get("dst", "::")) == addr.ip:
+        for r in links.dump_routes(ipr, socket.AF_INET6, table):
+            if r.get("oif") == index and r["dst_len"] == 128 and ipaddress.ip_address(r.get("dst", "::")) == addr.ip:
                 return
         if delay is None:
             raise fail(f"failed getting local/host addresses for {ifname} in table {table} with dst {addr}")
@@ -216,12 +208,11 @@ class VrfPlugin(Plugin):
         if not request.netns:
             return
         try:
-            netns.run_in(request.netns, _del, name, request.ifname)
+            with failing("cmdDel failed"):
+                netns.run_in(request.netns, _del, name, request.ifname)
         except netns.NetnsError as e:
             if not netns_gone(e):
                 raise fail(str(e)) from e
-        except links.LinkError as e:
-            raise fail(f"cmdDel failed: {e.strerror}") from e
 
     def check(self, request: PluginRequest) -> None:
         name, _ = _config(request)

@@ -1,5 +1,7 @@
-"""Kernel helpers shared by the in-process plugins.
+"""Kernel helpers shared by the in-process plugins: their ground floor, which imports nothing
+else of ``pycni_plugins`` (``tests/unit/test_layers.py``).
 
+- :mod:`.errors` — :class:`~.errors.LinkError` (a kernel refusal) and the CNI errors made of it;
 - :mod:`.links`  — links, addresses and routes through pyroute2 (imported with it: ~130 ms, so
   plugins that need netlink only sometimes import it lazily), and a link delete that returns as
   soon as the kernel has unlisted the device;

@@ -5,8 +5,10 @@ from __future__ import annotations
 import errno
 import socket
 
-from pyroute2 import Conntrack, NetlinkError
+from pyroute2 import Conntrack
 from pyroute2.conntrack import NFCTAttrTuple
+
+from .links import LinkError, call
 
 __all__ = ["flush_udp_dport"]
 
@@ -23,11 +25,11 @@ def flush_udp_dport(version: int, port: int) -> int:
     wanted = NFCTAttrTuple(family=family, proto=socket.IPPROTO_UDP, dport=port)
     deleted = 0
     with Conntrack(nfgen_family=family) as ct:
-        for entry in list(ct.dump_entries(tuple_orig=wanted)):
+        for entry in call(lambda: list(ct.dump_entries(tuple_orig=wanted))):
             try:
-                ct.delete(entry)
+                call(ct.delete, entry)
                 deleted += 1
-            except NetlinkError as e:
-                if e.code != errno.ENOENT:  # gone meanwhile (expired, or flushed by a peer)
+            except LinkError as e:
+                if e.errno != errno.ENOENT:  # gone meanwhile (expired, or flushed by a peer)
                     raise
     return deleted

@@ -12,10 +12,10 @@ import ipaddress
 import socket
 from collections.abc import Iterable
 
-from pycni.errors import CNIError, ErrorCode
 from pycni.types import IPConfig, Result, Route
 
 from . import links, sysctl
+from .errors import fail, failing
 
 __all__ = [
     "configure_iface",
@@ -27,20 +27,16 @@ __all__ = [
 ]
 
 
-def _fail(msg: str) -> CNIError:
-    return CNIError(msg, code=ErrorCode.INTERNAL)
-
-
 def configure_iface(ifname: str, result: Result) -> None:
     """Addresses (those whose ``interface`` names ``ifname``), link up, then routes; a route
     without a gateway uses the first gateway of its family. IPv6 gets ``disable_ipv6=0`` on
     ``lo`` and the interface and ``keep_addr_on_down=1``, and waits for DAD to settle when a
     gateway is IPv6."""
     if not result.interfaces:
-        raise _fail("no interfaces to configure")
+        raise fail("no interfaces to configure")
     index = links.ifindex(ifname)
     if index is None:
-        raise _fail(f'failed to lookup "{ifname}": Link not found')
+        raise fail(f'failed to lookup "{ifname}": Link not found')
     gateways: dict[int, str] = {}
     v6_enabled = False
     with links.iproute() as ipr:
@@ -48,7 +44,7 @@ def configure_iface(ifname: str, result: Result) -> None:
             if ip.interface is None:
                 continue
             if not 0 <= ip.interface < len(result.interfaces) or result.interfaces[ip.interface].name != ifname:
-                raise _fail(f'failed to add IP addr {ip.address} to "{ifname}": invalid interface index')
+                raise fail(f'failed to add IP addr {ip.address} to "{ifname}": invalid interface index')
             if ip.address.version == 6 and not v6_enabled:
                 for name in ("lo", ifname):
                     with contextlib.suppress(OSError):  # unreadable: the reference logs and goes on
@@ -56,34 +52,23 @@ def configure_iface(ifname: str, result: Result) -> None:
                 try:
                     sysctl.write(f"net/ipv6/conf/{ifname}/keep_addr_on_down", 1)
                 except OSError as e:
-                    raise _fail(f'failed to enable keep_addr_on_down for interface "{ifname}": {e.strerror}') from e
+                    raise fail(f'failed to enable keep_addr_on_down for interface "{ifname}": {e.strerror}') from e
                 v6_enabled = True
-            try:
+            with failing(f'failed to add IP addr {ip.address} to "{ifname}"'):
                 links.add_address(ipr, index, ip.address)
-            except links.LinkError as e:
-                raise _fail(f'failed to add IP addr {ip.address} to "{ifname}": {e.strerror}') from e
             if ip.gateway is not None:
                 gateways.setdefault(ip.gateway.version, str(ip.gateway))
-        try:
+        with failing(f'failed to set "{ifname}" UP'):
             links.set_up(ipr, index)
-        except links.LinkError as e:
-            raise _fail(f'failed to set "{ifname}" UP: {e.strerror}') from e
         if 6 in gateways:
-            try:
+            with failing(f'failed to settle addresses for "{ifname}"'):
                 links.wait_dad(ipr, index)
-            except links.LinkError as e:
-                raise _fail(f'failed to settle addresses for "{ifname}": {e.strerror}') from e
         for route in result.routes:
             gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
-            try:
+            with failing(f"failed to add route '{route.dst.network} via {gw} dev {ifname} metric {route.priority}'"):
                 links.add_route(
                     ipr, index, route.dst.network, gw, priority=route.priority, table=route.table, scope=route.scope
                 )
-            except links.LinkError as e:
-                raise _fail(
-                    f"failed to add route '{route.dst.network} via {gw} dev {ifname} metric {route.priority}': "
-                    f"{e.strerror}"
-                ) from e
 
 
 def check_ips(ifname: str, ips: Iterable[IPConfig]) -> None:
@@ -91,13 +76,13 @@ def check_ips(ifname: str, ips: Iterable[IPConfig]) -> None:
     with links.iproute() as ipr:
         index = links.ifindex(ifname)
         if index is None:
-            raise _fail(f"Cannot find container link {ifname}")
+            raise fail(f"Cannot find container link {ifname}")
         have = {a for a, _ in links.addresses(ipr, index)}
         for ip in ips:
             if ip.address not in have:
-                raise _fail(f"Failed to match addr {ip.address} on interface {ifname}")
+                raise fail(f"Failed to match addr {ip.address} on interface {ifname}")
             if not _has_route_to(ipr, ip.address.network):
-                raise _fail(f"Failed to find Gateway {ip.gateway} for interface {ifname}")
+                raise fail(f"Failed to find Gateway {ip.gateway} for interface {ifname}")
 
 
 def check_routes(routes: Iterable[Route]) -> None:
@@ -108,7 +93,7 @@ def check_routes(routes: Iterable[Route]) -> None:
             dst = route.dst.network
             gw = None if route.gw is None or dst.prefixlen == 0 else route.gw
             if not _has_route_to(ipr, dst, gw):
-                raise _fail(f"Expected Route {route.to_json()} not found in routing table")
+                raise fail(f"Expected Route {route.to_json()} not found in routing table")
 
 
 def check_on_link(ipr: links.IPRoute, index: int, ifname: str, prev: Result) -> None:
@@ -120,16 +105,16 @@ def check_on_link(ipr: links.IPRoute, index: int, ifname: str, prev: Result) -> 
             if prev.interfaces[ip.interface].name != ifname:
                 continue
         if ip.address not in have:
-            raise _fail(f"Failed to match addr {ip.address} on interface {ifname}")
+            raise fail(f"Failed to match addr {ip.address} on interface {ifname}")
     for route in prev.routes:
         gw = str(route.gw) if route.gw is not None else None
         if not links.has_route(ipr, index, route.dst.network, gw):
-            raise _fail(f"Expected Route {route.to_json()} not found in routing table")
+            raise fail(f"Expected Route {route.to_json()} not found in routing table")
 
 
 def _has_route_to(ipr: links.IPRoute, dst: ipaddress.IPv4Network | ipaddress.IPv6Network, gw: object = None) -> bool:
     family = socket.AF_INET if dst.version == 4 else socket.AF_INET6
-    for msg in ipr.route("dump", family=family, table=links.RT_TABLE_MAIN):
+    for msg in links.dump_routes(ipr, family):
         if msg["dst_len"] != dst.prefixlen:
             continue
         have = msg.get("dst")

@@ -9,7 +9,10 @@ never used: it forks a helper, and by default creates a namespace that is missin
 A link is fetched with one ``RTM_GETLINK`` by index or name, never by filtering a dump (only
 addresses and routes, which have no such request, are dumped). Every request costs ~0.3 ms of
 pyroute2 encoding and decoding, so callers make as few as they can. Kernel errors come out as
-:class:`LinkError`, an ``OSError`` carrying the kernel's errno.
+:class:`LinkError` (:mod:`.errors`), an ``OSError`` carrying the kernel's errno: every request,
+:mod:`.tc`'s and :mod:`.conntrack`'s too, goes through :func:`call`, the one place pyroute2's
+``NetlinkError`` is translated. The plugins never use pyroute2 themselves: what they need of it
+is here (:func:`link_info`, :func:`dump_routes`, :func:`dump_rules`, macvlan's link kind).
 
 :func:`delete_link` returns once the device is unlisted: the acknowledgement of the delete
 request waits for the kernel's RCU barrier and refcount drain (~15-35 ms here), so a helper
@@ -26,12 +29,16 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import attrs
 from pyroute2 import IPRoute, NetlinkError
+from pyroute2.netlink import nlmsg_atoms
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
+
+from .errors import LinkError
 
 __all__ = [
     "IPInterface",
@@ -39,9 +46,11 @@ __all__ = [
     "LOOPBACK_INDEX",
     "Link",
     "LinkError",
+    "LinkInfo",
     "iproute",
     "keep_iproutes",
     "get_link",
+    "link_info",
     "ifindex",
     "dump_links",
     "netnsid",
@@ -64,6 +73,10 @@ __all__ = [
     "del_address",
     "add_route",
     "del_route",
+    "dump_routes",
+    "route",
+    "dump_rules",
+    "rule",
     "route_oif",
     "has_route",
     "wait_oper_up",
@@ -86,27 +99,35 @@ LOOPBACK_INDEX = 1
 _NO_VLAN_FILTERING = "VLAN filtering is not available in this kernel (CONFIG_BRIDGE_VLAN_FILTERING)"
 
 
-class LinkError(OSError):
-    """A netlink request failed; ``errno`` is the kernel's."""
-
-
 def _error(code: int, what: str = "") -> LinkError:
     text = os.strerror(code)
     return LinkError(code, f"{what}: {text}" if what else text)
 
 
-def _call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """One pyroute2 request, with a kernel error raised as :class:`LinkError`."""
+def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """One pyroute2 request, with a kernel error raised as :class:`LinkError`: the one place
+    pyroute2's errors are translated (:mod:`.tc` and :mod:`.conntrack` send theirs through it)."""
     try:
         return method(*args, **kwargs)
     except NetlinkError as e:
         raise _error(e.code) from None
 
 
-def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Any other pyroute2 request (rules, route dumps and copies), a kernel error raised as
-    :class:`LinkError`."""
-    return _call(method, *args, **kwargs)
+class _macvlan_data(macvx_data):  # type: ignore[misc]  # pyroute2's classes are untyped (Any)
+    """pyroute2's macvlan attributes plus IFLA_MACVLAN_BC_QUEUE_LEN (Linux 5.11), which it lacks."""
+
+    nla_map = (
+        *macvx_data.nla_map,
+        ("IFLA_MACVLAN_BC_QUEUE_LEN", "uint32"),
+        ("IFLA_MACVLAN_BC_QUEUE_LEN_USED", "uint32"),
+    )
+
+    class mode(nlmsg_atoms.uint32):  # type: ignore[misc]  # pyroute2's classes are untyped (Any)
+        value_map = {0: "none", 1: "private", 2: "vepa", 4: "bridge", 8: "passthru", 16: "source"}
+
+
+# pyroute2's link kinds are process-wide: registered once, with the module that sends them.
+ifinfmsg.ifinfo.register_link_kind(module={"macvlan": _macvlan_data})
 
 
 @contextmanager
@@ -222,12 +243,36 @@ def _link(msg: Any) -> Link:
 def get_link(ipr: IPRoute, name: str | None = None, *, index: int | None = None) -> Link | None:
     """The link by name or index, ``None`` if there is none."""
     try:
-        msgs = ipr.link("get", index=index) if index is not None else ipr.link("get", ifname=name)
-    except NetlinkError as e:
-        if e.code == errno.ENODEV:
+        msgs = call(ipr.link, "get", index=index) if index is not None else call(ipr.link, "get", ifname=name)
+    except LinkError as e:
+        if e.errno == errno.ENODEV:
             return None
-        raise _error(e.code) from None
+        raise
     return _link(msgs[0]) if msgs else None
+
+
+@attrs.frozen
+class LinkInfo:
+    """A link with what only some readers need: its alias (IFLA_IFALIAS) and its kind's own
+    attributes (IFLA_INFO_DATA by name: ``IFLA_MACVLAN_MODE``, ``IFLA_VRF_TABLE``, ...)."""
+
+    link: Link
+    alias: str
+    data: Mapping[str, Any]
+
+
+def link_info(ipr: IPRoute, name: str | None = None, *, index: int | None = None) -> LinkInfo | None:
+    """The link by name or index with its alias and kind data, ``None`` if there is none."""
+    try:
+        msgs = call(ipr.link, "get", index=index) if index is not None else call(ipr.link, "get", ifname=name)
+    except LinkError as e:
+        if e.errno == errno.ENODEV:
+            return None
+        raise
+    if not msgs:
+        return None
+    data = msgs[0].get(("linkinfo", "data"))
+    return LinkInfo(_link(msgs[0]), msgs[0].get("ifalias") or "", dict(data["attrs"]) if data is not None else {})
 
 
 def ifindex(name: str) -> int | None:
@@ -243,13 +288,13 @@ def ifindex(name: str) -> int | None:
 
 
 def dump_links(ipr: IPRoute) -> list[Link]:
-    return [_link(m) for m in _call(ipr.link, "dump")]
+    return [_link(m) for m in call(ipr.link, "dump")]
 
 
 def netnsid(ipr: IPRoute, ns_fd: int) -> int | None:
     """The id the calling thread's namespace gives namespace ``ns_fd`` (as a :attr:`Link.peer_netnsid`
     there would name it); ``None`` if it gives that namespace none."""
-    reply = _call(ipr.get_netnsid, fd=ns_fd)
+    reply = call(ipr.get_netnsid, fd=ns_fd)
     nsid = reply.get("nsid") if reply else None
     # pyroute2 reads NETNSA_NSID unsigned: NETNSA_NSID_NOT_ASSIGNED (-1) comes out as 2**32 - 1.
     if not isinstance(nsid, int) or nsid >= 2**31:
@@ -289,7 +334,7 @@ def ensure_bridge(
         if mtu > 0:
             spec["mtu"] = mtu
         try:
-            _call(ipr.link, "add", **spec)
+            call(ipr.link, "add", **spec)
             created = True
         except LinkError as e:
             if vlan_filtering and e.errno == errno.EOPNOTSUPP:
@@ -326,7 +371,7 @@ def add_veth(
         peer["mtu"] = host["mtu"] = mtu
     if master:
         host["master"] = master
-    _call(ipr.link, "add", kind="veth", peer=peer, **host)
+    call(ipr.link, "add", kind="veth", peer=peer, **host)
 
 
 def add_link(
@@ -341,37 +386,37 @@ def add_link(
         spec["txqlen"] = txqlen
     if up:
         spec["state"] = "up"
-    _call(ipr.link, "add", **spec)
+    call(ipr.link, "add", **spec)
 
 
 def set_up(ipr: IPRoute, index: int, *, promisc: bool = False) -> None:
     flags = IFF_UP | (IFF_PROMISC if promisc else 0)
-    _call(ipr.link, "set", index=index, flags=flags, change=flags)
+    call(ipr.link, "set", index=index, flags=flags, change=flags)
 
 
 def set_down(ipr: IPRoute, index: int) -> None:
-    _call(ipr.link, "set", index=index, state="down")
+    call(ipr.link, "set", index=index, state="down")
 
 
 def set_link(ipr: IPRoute, index: int, **spec: Any) -> None:
     """One RTM_SETLINK with pyroute2's link attributes (``mtu``, ``address``, ``txqlen``, ...)."""
-    _call(ipr.link, "set", index=index, **spec)
+    call(ipr.link, "set", index=index, **spec)
 
 
 def set_master(ipr: IPRoute, index: int, master: int) -> None:
     """Enslave the link to ``master`` (a bridge) and bring it up."""
-    _call(ipr.link, "set", index=index, master=master, state="up")
+    call(ipr.link, "set", index=index, master=master, state="up")
 
 
 def set_mac(ipr: IPRoute, index: int, mac: str) -> None:
-    _call(ipr.link, "set", index=index, address=mac)
+    call(ipr.link, "set", index=index, address=mac)
 
 
 def set_brport(ipr: IPRoute, index: int, *, hairpin: bool = False, isolated: bool = False) -> None:
     """Bridge port flags: only those set to True are written."""
     flags = {k: 1 for k, on in (("mode", hairpin), ("isolated", isolated)) if on}  # IFLA_BRPORT_MODE = hairpin
     if flags:
-        _call(ipr.brport, "set", index=index, **flags)
+        call(ipr.brport, "set", index=index, **flags)
 
 
 def set_port_vlans(ipr: IPRoute, index: int, *, pvid: int, tagged: tuple[int, ...], keep_default: bool) -> None:
@@ -382,16 +427,16 @@ def set_port_vlans(ipr: IPRoute, index: int, *, pvid: int, tagged: tuple[int, ..
     try:
         if not keep_default:
             try:
-                _call(ipr.vlan_filter, "del", index=index, vlan_info={"vid": 1})
+                call(ipr.vlan_filter, "del", index=index, vlan_info={"vid": 1})
             except LinkError as e:
                 if e.errno not in (errno.ENOENT, errno.EINVAL):
                     raise
         if pvid:
             flags = BRIDGE_VLAN_INFO_PVID | BRIDGE_VLAN_INFO_UNTAGGED
-            _call(ipr.vlan_filter, "add", index=index, vlan_info={"vid": pvid, "flags": flags})
+            call(ipr.vlan_filter, "add", index=index, vlan_info={"vid": pvid, "flags": flags})
         for vid in tagged:
             if vid != pvid:
-                _call(ipr.vlan_filter, "add", index=index, vlan_info={"vid": vid})
+                call(ipr.vlan_filter, "add", index=index, vlan_info={"vid": vid})
     except LinkError as e:
         if e.errno == errno.EOPNOTSUPP:
             raise _error(e.errno, _NO_VLAN_FILTERING) from None
@@ -426,7 +471,7 @@ def delete_link(name: str, timeout: float = 10.0) -> None:
 def _delete(name: str, outcome: list[Exception | None], done: threading.Event) -> None:
     try:
         with iproute() as ipr:
-            _call(ipr.link, "del", ifname=name)
+            call(ipr.link, "del", ifname=name)
         outcome.append(None)
     except Exception as e:  # handed over to the caller, which raises it
         outcome.append(e)
@@ -443,7 +488,7 @@ def addresses(ipr: IPRoute, index: int, family: int | None = None) -> list[tuple
     if family:
         spec["family"] = family
     out = []
-    for msg in _call(ipr.addr, "dump", **spec):
+    for msg in call(ipr.addr, "dump", **spec):
         ip = msg.get("local") or msg.get("address")
         if ip is not None:
             out.append((ipaddress.ip_interface(f"{ip}/{msg['prefixlen']}"), msg.get("flags", 0)))
@@ -461,7 +506,7 @@ def add_address(ipr: IPRoute, index: int, addr: IPInterface, *, nodad: bool = Fa
     if nodad:
         spec["flags"] = IFA_F_NODAD
     try:
-        _call(ipr.addr, "add", **spec)
+        call(ipr.addr, "add", **spec)
     except LinkError as e:
         if exist_ok and e.errno == errno.EEXIST:
             return False
@@ -471,7 +516,7 @@ def add_address(ipr: IPRoute, index: int, addr: IPInterface, *, nodad: bool = Fa
 
 def del_address(ipr: IPRoute, index: int, addr: IPInterface) -> None:
     try:
-        _call(ipr.addr, "del", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
+        call(ipr.addr, "del", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
     except LinkError as e:
         if e.errno != errno.EADDRNOTAVAIL:
             raise
@@ -506,27 +551,76 @@ def add_route(
         spec["priority"] = priority
     if src:
         spec["prefsrc"] = src
-    _call(ipr.route, "append", **spec)
+    call(ipr.route, "append", **spec)
 
 
 def del_route(ipr: IPRoute, index: int, dst: IPNetwork) -> None:
     """Delete the main-table route to ``dst`` through ``index``, whatever its scope and protocol
     (the kernel's own prefix route included); a missing one is fine."""
     try:
-        _call(ipr.route, "del", dst=str(dst), oif=index, table=RT_TABLE_MAIN, scope=RT_SCOPE_NOWHERE, proto=0)
+        call(ipr.route, "del", dst=str(dst), oif=index, table=RT_TABLE_MAIN, scope=RT_SCOPE_NOWHERE, proto=0)
     except LinkError as e:
         if e.errno != errno.ESRCH:
             raise
 
 
+def dump_routes(ipr: IPRoute, family: int, table: int = RT_TABLE_MAIN) -> list[dict[str, Any]]:
+    """The routes of ``table`` in ``family``, each as the attributes that identify and re-create
+    it with :func:`route`: ``family``, ``dst_len``, ``proto``, ``scope``, ``type``, ``table``, and
+    those of ``dst``, ``gateway``, ``prefsrc``, ``oif``, ``priority`` it has."""
+    out = []
+    for msg in call(ipr.route, "dump", family=family, table=table):
+        spec: dict[str, Any] = {
+            "family": msg["family"],
+            "dst_len": msg["dst_len"],
+            "proto": msg["proto"],
+            "scope": msg["scope"],
+            "type": msg["type"],
+            "table": msg.get("table") or msg["table"],  # RTA_TABLE; the header's is 8 bits
+        }
+        for key in ("dst", "gateway", "prefsrc", "oif", "priority"):
+            value = msg.get(key)
+            if value is not None:
+                spec[key] = value
+        out.append(spec)
+    return out
+
+
+def route(ipr: IPRoute, command: str, **spec: Any) -> None:
+    """``add``, ``replace`` or ``del`` one route given by pyroute2's attributes (as
+    :func:`dump_routes` gives them)."""
+    call(ipr.route, command, **spec)
+
+
+def dump_rules(ipr: IPRoute, family: int) -> list[dict[str, Any]]:
+    """The policy routing rules of ``family``: ``family``, ``table``, ``priority``, and
+    ``src``/``src_len`` (``src`` is None for a rule from any source)."""
+    return [
+        {
+            "family": msg["family"],
+            "table": msg.get("table") or msg["table"],  # FRA_TABLE; the header's is 8 bits
+            "priority": msg.get("priority") or 0,
+            "src": msg.get("src"),
+            "src_len": msg["src_len"],
+        }
+        for msg in call(ipr.get_rules, family=family)
+    ]
+
+
+def rule(ipr: IPRoute, command: str, **spec: Any) -> None:
+    """``add`` or ``del`` one rule given by pyroute2's attributes (``family``, ``table``,
+    ``src``, ``src_len``, ``priority``)."""
+    call(ipr.rule, command, **spec)
+
+
 def route_oif(ipr: IPRoute, dst: str) -> int | None:
     """The output interface the kernel picks for ``dst`` (``ip route get``)."""
     try:
-        msgs = ipr.route("get", dst=dst)
-    except NetlinkError as e:
-        if e.code in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+        msgs = call(ipr.route, "get", dst=dst)
+    except LinkError as e:
+        if e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
             return None
-        raise _error(e.code) from None
+        raise
     return (msgs[0].get("oif") or None) if msgs else None
 
 
@@ -534,7 +628,7 @@ def has_route(ipr: IPRoute, index: int, dst: IPNetwork, gateway: str | None) -> 
     """Whether a main-table route to ``dst`` (via ``gateway``, if given) leaves through ``index``."""
     family = socket.AF_INET if dst.version == 4 else socket.AF_INET6
     want_gw = ipaddress.ip_address(gateway) if gateway is not None else None
-    for msg in _call(ipr.route, "dump", family=family, table=RT_TABLE_MAIN):
+    for msg in call(ipr.route, "dump", family=family, table=RT_TABLE_MAIN):
         if msg["dst_len"] != dst.prefixlen or msg.get("oif") != index:
             continue
         have = msg.get("dst")

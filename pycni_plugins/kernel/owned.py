@@ -53,8 +53,8 @@ from pycni import netns
 from pycni.errors import CNIError
 from pycni.sdk import Attachment
 
-from .._common import fail, netns_gone
 from . import links
+from .errors import fail, netns_gone
 from .state import Records
 
 __all__ = [

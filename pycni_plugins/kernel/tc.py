@@ -18,7 +18,7 @@ from typing import Any
 
 import attrs
 
-from .links import IPRoute, LinkError
+from .links import IPRoute, LinkError, call
 
 __all__ = ["TBF", "tbf_params", "add_tbf", "get_tbf", "add_ingress_redirect", "ingress_redirect", "delete_qdisc"]
 
@@ -120,26 +120,17 @@ def get_tbf(ipr: IPRoute, index: int) -> TBF | None:
 
 
 def _qdiscs(ipr: IPRoute, index: int) -> list[Any]:
-    from pyroute2 import NetlinkError
-
-    try:
-        return [m for m in ipr.get_qdiscs(index) if m["index"] == index]
-    except NetlinkError as e:
-        raise LinkError(e.code, os.strerror(e.code)) from None
+    return [m for m in call(ipr.get_qdiscs, index) if m["index"] == index]
 
 
 def add_ingress_redirect(ipr: IPRoute, index: int, target: int) -> None:
     """The ingress qdisc (ffff:) on ``index`` and a match-all u32 filter (prio 1, classid 1:1)
     whose mirred action redirects every packet to the egress of ``target``; nothing is left if
     the filter cannot be added."""
-    from pyroute2 import NetlinkError
-
+    call(ipr.tc, "add", "ingress", index, INGRESS_HANDLE)
     try:
-        ipr.tc("add", "ingress", index, INGRESS_HANDLE)
-    except NetlinkError as e:
-        raise LinkError(e.code, os.strerror(e.code)) from None
-    try:
-        ipr.tc(
+        call(
+            ipr.tc,
             "add-filter",
             "u32",
             index,
@@ -150,21 +141,16 @@ def add_ingress_redirect(ipr: IPRoute, index: int, target: int) -> None:
             keys=["0x0/0x0+0"],
             action={"kind": "mirred", "direction": "egress", "action": "redirect", "ifindex": target},
         )
-    except NetlinkError as e:
+    except LinkError:
         delete_qdisc(ipr, index, ingress=True)  # ours: made just above
-        raise LinkError(e.code, os.strerror(e.code)) from None
+        raise
 
 
 def ingress_redirect(ipr: IPRoute, index: int) -> int | None:
     """The ifindex the ingress qdisc's mirred filter of ``index`` redirects to (None: none)."""
-    from pyroute2 import NetlinkError
-
     if not any(m["handle"] == INGRESS_HANDLE for m in _qdiscs(ipr, index)):
         return None
-    try:
-        filters = list(ipr.get_filters(index, parent=INGRESS_HANDLE))
-    except NetlinkError as e:
-        raise LinkError(e.code, os.strerror(e.code)) from None
+    filters = list(call(ipr.get_filters, index, parent=INGRESS_HANDLE))
     for f in filters:
         options = f.get_attr("TCA_OPTIONS")
         actions = options.get_attr("TCA_U32_ACT") if options is not None else None
@@ -181,13 +167,9 @@ def ingress_redirect(ipr: IPRoute, index: int) -> int | None:
 
 def delete_qdisc(ipr: IPRoute, index: int, *, ingress: bool) -> None:
     """Delete the root tbf (or the ingress qdisc, filters included); a missing one is fine."""
-    from pyroute2 import NetlinkError
-
+    handle, parent = (INGRESS_HANDLE, INGRESS) if ingress else (TBF_HANDLE, ROOT)
     try:
-        if ingress:
-            ipr.tc("del", index=index, handle=INGRESS_HANDLE, parent=INGRESS)
-        else:
-            ipr.tc("del", index=index, handle=TBF_HANDLE, parent=ROOT)
-    except NetlinkError as e:
-        if e.code not in (errno.ENOENT, errno.EINVAL, errno.ENODEV):
-            raise LinkError(e.code, os.strerror(e.code)) from None
+        call(ipr.tc, "del", index=index, handle=handle, parent=parent)
+    except LinkError as e:
+        if e.errno not in (errno.ENOENT, errno.EINVAL, errno.ENODEV):
+            raise

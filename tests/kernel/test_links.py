@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 import threading
@@ -79,3 +80,41 @@ def test_delete_link_returns_with_both_veth_ends_unlisted(make_netns):
         netns.run_in(ctr.path, links.delete_link, "lo")
     assert err.value.errno == errno.EOPNOTSUPP  # lo cannot be deleted
     assert netns.run_in(ctr.path, socket.if_nametoindex, "lo") == 1
+
+
+def test_link_info_routes_and_rules_are_what_the_plugins_read(make_netns):
+    ns = make_netns("i")
+
+    def probe() -> None:
+        with links.iproute() as ipr:
+            links.call(ipr.link, "add", ifname="vi0", kind="veth", peer="vi1")
+            index = links.ifindex("vi0")
+            assert index is not None
+            links.set_link(ipr, index, ifalias="host-name")
+            # bcqueuelen is known to pyroute2 only through the kind links.py registers
+            links.add_link(ipr, "mv0", "macvlan", link=index, macvlan_mode="vepa", macvlan_bc_queue_len=7)
+            info = links.link_info(ipr, index=index)
+            assert info is not None and info.link.name == "vi0" and info.alias == "host-name"
+            mv = links.link_info(ipr, "mv0")
+            assert mv is not None and mv.link.kind == "macvlan" and mv.alias == ""
+            assert mv.data["IFLA_MACVLAN_MODE"] == "vepa" and mv.data["IFLA_MACVLAN_BC_QUEUE_LEN"] == 7
+            assert links.link_info(ipr, "nothere") is None
+
+            links.set_up(ipr, index)
+            links.add_address(ipr, index, ipaddress.ip_interface("10.9.0.2/24"))
+            mine = [r for r in links.dump_routes(ipr, socket.AF_INET) if r.get("oif") == index]
+            assert [(r["dst"], r["dst_len"], r["table"]) for r in mine] == [("10.9.0.0", 24, links.RT_TABLE_MAIN)]
+            copy = {**mine[0], "table": 1000}  # above 255: only RTA_TABLE holds it
+            links.route(ipr, "replace", **copy)
+            assert [r["table"] for r in links.dump_routes(ipr, socket.AF_INET, 1000)] == [1000]
+            with pytest.raises(links.LinkError) as err:  # a refusal comes out translated
+                links.route(ipr, "add", **copy)
+            assert err.value.errno == errno.EEXIST
+
+            rule = {"family": socket.AF_INET, "table": 1000, "src": "10.9.0.2", "src_len": 32, "priority": 500}
+            links.rule(ipr, "add", **rule)
+            assert rule in links.dump_rules(ipr, socket.AF_INET)
+            links.rule(ipr, "del", **rule)
+            assert rule not in links.dump_rules(ipr, socket.AF_INET)
+
+    netns.run_in(ns.path, probe)

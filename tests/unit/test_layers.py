@@ -65,6 +65,7 @@ def test_the_graph_is_really_read() -> None:
     assert "pycni.sdk" in imports("pycni_plugins.bridge")
     assert "pycni.sdk.hooks" in imports("pycni.cli.nomad")  # a function-level import
     assert "pyroute2" in outside_imports("pycni.testing.fuzz.world")  # function-level too
+    assert "pycni_plugins.kernel.links" in imports("pycni_plugins.kernel.owned")
     assert len(modules()) > 60
 
 
@@ -79,6 +80,23 @@ def test_plugins_import_the_sdk_and_the_types_never_the_runtime() -> None:
         for m, t in _edges()
         if _within(m, ("pycni_plugins",)) and _within(t, ("pycni",)) and not _within(t, PLUGINS_MAY_IMPORT)
     ]
+    assert bad == []
+
+
+def test_the_kernel_helpers_are_the_plugins_ground_floor() -> None:
+    # kernel/ stands on the stdlib, third-party packages, the lower pycni layers and itself:
+    # the plugins stand on it, never the other way round.
+    kernel = "pycni_plugins.kernel"
+    bad = [(m, t) for m, t in _edges() if _within(m, (kernel,)) and not _within(t, (kernel, *PLUGINS_MAY_IMPORT))]
+    assert bad == []
+
+
+def test_only_the_kernel_helpers_use_pyroute2() -> None:
+    # Netlink errors are translated once, in kernel/links.py: a plugin reaches the kernel
+    # through kernel/, never through pyroute2 itself.
+    users = [m for m in modules() if "pyroute2" in outside_imports(m)]
+    bad = [m for m in users if _within(m, ("pycni_plugins",)) and not _within(m, ("pycni_plugins.kernel",))]
+    assert "pycni_plugins.kernel.links" in users
     assert bad == []
 
 
