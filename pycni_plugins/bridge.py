@@ -38,7 +38,8 @@ error texts follow containernetworking/plugins v1.9.1. Where pycni differs, on p
 * CHECK (code 999) and STATUS (code 51) fail when the host's own forward filtering — another
   table's drop policy or rule, legacy iptables' FORWARD — drops the bridge's egress, replies or
   bridged traffic, naming the table, chain and rule or policy and the rule the admin adds
-  (:mod:`.kernel.hostfw`); ADD succeeds regardless, as the reference's does;
+  (:mod:`.kernel.hostfw`; a rule the judge cannot read makes a "may drop", which fails
+  nothing); ADD succeeds regardless, as the reference's does;
 * ``isGateway`` together with ``vlan`` (the reference's ``<bridge>.<vlan>`` gateway veth) is
   refused as unsupported (untested: no kernel here has 802.1Q and bridge VLAN filtering);
   ``vlan``/``vlanTrunk`` on a kernel without VLAN filtering fail with a clear error and leave
