@@ -436,7 +436,7 @@ class Served:
     """A ``pycni serve`` in a throwaway namespace of its own, its socket under ``scratch``."""
 
     def __init__(self, scratch: str) -> None:
-        from pycni_plugins.serve.daemon import check
+        from pycni_plugins.serve.sockets import check
 
         self.dir = os.path.join(scratch, "daemon")
         os.makedirs(self.dir, mode=0o700, exist_ok=True)

@@ -67,7 +67,7 @@ from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from . import _veth
 from ._common import Fields, attachment, fail, in_netns, ipam_result, is_link_name
-from .kernel import hostfw, ifconfig, layout, links, nft, owned, sysctl
+from .kernel import addressing, hostfw, ifconfig, layout, links, nft, owned, sysctl
 
 __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 
@@ -235,19 +235,19 @@ def _ensure_gateway_addr(ipr: Any, br: links.Link, addr: Any, force: bool) -> No
     """The reference's ``ensureAddr``, cheapest first: EEXIST means exactly this address is there
     (a concurrent ADD may have added it); only a new address is checked against the others."""
     try:
-        if not links.add_address(ipr, br.index, addr, nodad=addr.version == 6, exist_ok=True):
+        if not addressing.add_address(ipr, br.index, addr, nodad=addr.version == 6, exist_ok=True):
             return
     except links.LinkError as e:
         raise fail(f'could not add IP address {addr} to "{br.name}": {e.strerror}') from e
     family = socket.AF_INET if addr.version == 4 else socket.AF_INET6
-    for have, _ in links.addresses(ipr, br.index, family):
+    for have, _ in addressing.addresses(ipr, br.index, family):
         if have == addr or (have.version == 6 and have.ip.is_link_local):
             continue
         if addr.version == 4 or addr.ip in have.network or have.ip in addr.network:
             if not force:
-                links.del_address(ipr, br.index, addr)
+                addressing.del_address(ipr, br.index, addr)
                 raise fail(f'"{br.name}" already has an IP address different from {addr}')
-            links.del_address(ipr, br.index, have)
+            addressing.del_address(ipr, br.index, have)
 
 
 # --- the plugin -------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from pycni.types import Interface, IPConfig, Result
 
 from . import _sublink
 from ._common import Fields, attachment, emit, fail, failing, ipam_result, netns_gone, open_container
-from .kernel import ifconfig, links, owned
+from .kernel import addressing, ifconfig, links, owned
 
 __all__ = ["HostDeviceConfig", "HostDevicePlugin", "load_config"]
 
@@ -176,7 +176,9 @@ def _select(conf: HostDeviceConfig) -> tuple[links.Link, list[str]]:
                 f'refusing to move "{link.name}": it carries the host namespace\'s default route',
                 code=ErrorCode.INVALID_NETWORK_CONFIG,
             )
-        addrs = [str(a) for a, _ in links.addresses(ipr, link.index) if not (a.version == 6 and a.ip.is_link_local)]
+        addrs = [
+            str(a) for a, _ in addressing.addresses(ipr, link.index) if not (a.version == 6 and a.ip.is_link_local)
+        ]
         return link, addrs
 
 
@@ -226,7 +228,7 @@ def _restore_host(name: str, addresses: list[str], up: bool) -> None:
             links.set_up(ipr, link.index)
         for addr in addresses:
             with contextlib.suppress(links.LinkError):  # EEXIST on a repeated DEL
-                links.add_address(ipr, link.index, ipaddress.ip_interface(addr), exist_ok=True)
+                addressing.add_address(ipr, link.index, ipaddress.ip_interface(addr), exist_ok=True)
 
 
 def _move_back(fd: int, link: links.Link, record: owned.LinkRecord | None) -> None:

@@ -27,7 +27,7 @@ from pycni.sdk import GCReport, Plugin, PluginRequest
 from pycni.types import Interface, IPConfig, Result
 
 from ._common import attachment, dry_run, emit, fail, gc_report, in_netns, netns_gone, prev_result, valid_attachments
-from .kernel import links
+from .kernel import addressing, links
 from .kernel.state import Records
 
 __all__ = ["LoopbackPlugin"]
@@ -45,7 +45,7 @@ def _lo_up() -> tuple[bool, list[Any]]:
         was_down = lo is None or not lo.up
         if was_down:
             links.set_up(ipr, links.LOOPBACK_INDEX)
-        found = [addr for addr, _ in links.addresses(ipr, links.LOOPBACK_INDEX)]
+        found = [addr for addr, _ in addressing.addresses(ipr, links.LOOPBACK_INDEX)]
     for addr in found:
         if not addr.ip.is_loopback:
             raise fail(f'loopback interface found with non-loopback address "{addr.ip}"')

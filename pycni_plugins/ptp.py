@@ -50,7 +50,7 @@ from pycni.types import DNS, Interface, IPConfig, Result
 
 from . import _veth
 from ._common import Fields, attachment, fail, in_netns, ipam_result
-from .kernel import ifconfig, links, nft, owned
+from .kernel import addressing, ifconfig, links, nft, owned, routing
 
 __all__ = ["PtpConfig", "PtpPlugin", "load_config"]
 
@@ -98,12 +98,12 @@ def _configure_container(ifname: str, result: Result) -> None:
             gw_net = ipaddress.ip_network(f"{ip.gateway}/{_host_prefix(net.version)}")
             src = str(ip.address.ip)
             try:
-                links.del_route(ipr, index, net)
+                routing.del_route(ipr, index, net)
             except links.LinkError as e:
                 raise fail(f"failed to delete route {net} dev {ifname}: {e.strerror}") from e
             try:
-                links.add_route(ipr, index, gw_net, None, scope=links.RT_SCOPE_LINK, src=src)
-                links.add_route(ipr, index, net, str(ip.gateway), src=src)
+                routing.add_route(ipr, index, gw_net, None, scope=routing.RT_SCOPE_LINK, src=src)
+                routing.add_route(ipr, index, net, str(ip.gateway), src=src)
             except links.LinkError as e:
                 raise fail(f"failed to add route {net} via {ip.gateway} dev {ifname}: {e.strerror}") from e
 
@@ -149,12 +149,12 @@ class PtpPlugin(Plugin):
             prefix = _host_prefix(ip.address.version)
             gw_addr = ipaddress.ip_interface(f"{ip.gateway}/{prefix}")
             try:
-                links.add_address(a.ipr, index, gw_addr, nodad=gw_addr.version == 6, exist_ok=True)
+                addressing.add_address(a.ipr, index, gw_addr, nodad=gw_addr.version == 6, exist_ok=True)
             except links.LinkError as e:
                 raise fail(f"failed to add IP addr {gw_addr} to veth: {e.strerror}") from e
             host_route = ipaddress.ip_network(f"{ip.address.ip}/{prefix}")
             try:
-                links.add_route(a.ipr, index, host_route, None, scope=links.RT_SCOPE_HOST)
+                routing.add_route(a.ipr, index, host_route, None, scope=routing.RT_SCOPE_HOST)
             except links.LinkError as e:
                 if e.errno != errno.EEXIST:
                     raise fail(f"failed to add route on host: {e.strerror}") from e

@@ -30,7 +30,7 @@ from pycni.sdk import Plugin, PluginRequest, cancel
 from pycni.types import IPConfig, Result
 
 from ._common import Fields, emit, fail, failing, in_netns, netns_gone, prev_result
-from .kernel import links
+from .kernel import addressing, links, routing
 
 __all__ = ["SbrPlugin"]
 
@@ -75,13 +75,13 @@ def _locked(path: str) -> Iterator[int]:
 
 
 def _rules(ipr: links.IPRoute) -> list[dict[str, Any]]:
-    return [r for family in _FAMILIES for r in links.dump_rules(ipr, family)]
+    return [r for family in _FAMILIES for r in routing.dump_rules(ipr, family)]
 
 
 def _default_pref(ipr: links.IPRoute, family: int) -> int:
     """The priority the kernel gives a rule sent without one (``fib_default_rule_pref``): one
     below the second rule's. pyroute2 always sends a priority, so it is computed here."""
-    prefs = sorted(r["priority"] for r in links.dump_rules(ipr, family))
+    prefs = sorted(r["priority"] for r in routing.dump_rules(ipr, family))
     return prefs[1] - 1 if len(prefs) > 1 and prefs[1] else 0
 
 
@@ -94,7 +94,7 @@ def _add_rule(ipr: links.IPRoute, ip: ipaddress.IPv4Address | ipaddress.IPv6Addr
         "src_len": ip.max_prefixlen,
         "priority": _default_pref(ipr, family),
     }
-    links.rule(ipr, "add", **spec)
+    routing.rule(ipr, "add", **spec)
     return spec
 
 
@@ -123,23 +123,23 @@ def _add(ifname: str, ips: tuple[IPConfig, ...], table: int | None) -> None:
             for what, spec in reversed(undo):
                 with contextlib.suppress(Exception):
                     if what == "rule":
-                        links.rule(ipr, "del", **spec)
+                        routing.rule(ipr, "del", **spec)
                     elif what == "route":
-                        links.route(ipr, "del", **spec)
+                        routing.route(ipr, "del", **spec)
                     else:
-                        links.route(ipr, "replace", **spec)
+                        routing.route(ipr, "replace", **spec)
             raise
 
 
 def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...], undo: list[Any]) -> None:
     # Tables in use: by a rule, or (as the reference's main-table route list can only show)
     # the main table itself.
-    used = {r["table"] for r in _rules(ipr)} | {links.RT_TABLE_MAIN}
+    used = {r["table"] for r in _rules(ipr)} | {routing.RT_TABLE_MAIN}
     table = _free_table(used, FIRST_TABLE)
     index = links.ifindex(ifname)
     if index is None:
         raise fail(f"Cannot find network interface {ifname}: Link not found")
-    routes = [r for family in _FAMILIES for r in links.dump_routes(ipr, family) if r.get("oif") == index]
+    routes = [r for family in _FAMILIES for r in routing.dump_routes(ipr, family) if r.get("oif") == index]
     for ip in ips:
         with failing("Failed to add rule"):
             undo.append(("rule", _add_rule(ipr, ip.address.ip, table)))
@@ -150,10 +150,10 @@ def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...],
                 "gateway": str(ip.gateway),
                 "table": table,
                 "oif": index,
-                "proto": links.RTPROT_BOOT,
+                "proto": routing.RTPROT_BOOT,
             }
             with failing(f"Failed to add default route to {ip.gateway}"):
-                links.route(ipr, "add", **default)
+                routing.route(ipr, "add", **default)
             undo.append(("route", default))
         for route in routes:
             if (
@@ -163,13 +163,13 @@ def _add_with_routes(ipr: links.IPRoute, ifname: str, ips: tuple[IPConfig, ...],
             ):
                 copy = {**route, "table": table}
                 with failing("Failed to readd route"):
-                    links.route(ipr, "replace", **copy)
+                    routing.route(ipr, "replace", **copy)
                 undo.append(("route", copy))
         used.add(table)
         table = _free_table(used, table + 1)
     for route in routes:
         with failing("Failed to delete route"):
-            links.route(ipr, "del", **route)
+            routing.route(ipr, "del", **route)
         undo.append(("restore", route))
 
 
@@ -179,14 +179,14 @@ def _tidy(ifname: str, table: int | None) -> None:
         index = links.ifindex(ifname)
         if index is None:
             return
-        mine = {a.ip for a, _ in links.addresses(ipr, index)}
+        mine = {a.ip for a, _ in addressing.addresses(ipr, index)}
         errors = []
         for rule in rules:
             src = rule.get("src")
             if src is None or ipaddress.ip_address(src) not in mine:
                 continue
             try:
-                links.rule(ipr, "del", **rule)
+                routing.rule(ipr, "del", **rule)
             except links.LinkError as e:
                 errors.append(f"Failed to delete rule {e.strerror}")
         if errors:

@@ -38,7 +38,7 @@ from pycni.types import Result
 
 from ._common import Fields, emit, fail, failing, in_netns, is_link_name, netns_gone, prev_result
 from ._sublink import DRIVERS
-from .kernel import links
+from .kernel import addressing, links, routing
 
 __all__ = ["VrfPlugin"]
 
@@ -84,7 +84,7 @@ def _free_table(ipr: links.IPRoute) -> int:
 
 
 def _global_v6(ipr: links.IPRoute, index: int) -> set[Any]:
-    return {a for a, _ in links.addresses(ipr, index, socket.AF_INET6) if not a.ip.is_link_local}
+    return {a for a, _ in addressing.addresses(ipr, index, socket.AF_INET6) if not a.ip.is_link_local}
 
 
 def _add(name: str, table: int, ifname: str) -> None:
@@ -131,7 +131,7 @@ def _attach(ipr: links.IPRoute, name: str, table: int, ifname: str, undo: list[A
     routes = [
         r
         for family in (socket.AF_INET, socket.AF_INET6)
-        for r in links.dump_routes(ipr, family)
+        for r in routing.dump_routes(ipr, family)
         if r.get("oif") == link.index and r["scope"] == _RT_SCOPE_UNIVERSE
     ]
     with failing(f"could not set vrf {name} as master of {ifname}"):
@@ -139,16 +139,16 @@ def _attach(ipr: links.IPRoute, name: str, table: int, ifname: str, undo: list[A
     undo.append(lambda: links.set_link(ipr, link.index, master=0))
     for addr in sorted(before - _global_v6(ipr, link.index), key=str):
         with failing(f"could not restore address {addr} to {ifname} @ {name}"):
-            links.add_address(ipr, link.index, addr, exist_ok=True)
+            addressing.add_address(ipr, link.index, addr, exist_ok=True)
         _wait_local_route(ipr, table, link.index, addr, ifname)
     for r in routes:
         with failing(f"could not add route '{r.get('dst')}/{r['dst_len']}'"):
-            links.route(ipr, "replace", **{**r, "table": table})
+            routing.route(ipr, "replace", **{**r, "table": table})
 
 
 def _wait_local_route(ipr: links.IPRoute, table: int, index: int, addr: Any, ifname: str) -> None:
     for delay in (*_ROUTE_WAIT, None):
-        for r in links.dump_routes(ipr, socket.AF_INET6, table):
+        for r in routing.dump_routes(ipr, socket.AF_INET6, table):
             if r.get("oif") == index and r["dst_len"] == 128 and ipaddress.ip_address(r.get("dst", "::")) == addr.ip:
                 return
         if delay is None:

@@ -64,7 +64,7 @@ def serve(
 
     path = resolve(socket_path)
     if check:
-        from pycni_plugins.serve.daemon import check as do_check
+        from pycni_plugins.serve.sockets import check as do_check
 
         ok, line = do_check(path)
         click.echo(line, err=not ok)

@@ -358,3 +358,12 @@ def declared_version(value: Any, versions: tuple[str, ...]) -> str:
     if version and version not in versions:
         raise GoValueError(text=f"version {quote(version)} is not one of {', '.join(versions)}").at("cniVersion")
     return version
+
+
+def versioned(decode: Callable[[Any, str], T], value: Any, versions: tuple[str, ...]) -> T:
+    """A result model's public ``from_json``: ``decode`` at the version ``value`` declares (one of
+    ``versions``, or ``""``); only :class:`ResultError` escapes."""
+    try:
+        return decode(value, declared_version(value, versions))
+    except GoValueError as e:
+        raise invalid(e, "result") from None

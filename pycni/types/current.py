@@ -5,8 +5,8 @@ This is the model pycni works in; older results are converted to it (see :mod:`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 
@@ -22,14 +22,13 @@ from ._common import (
     array,
     checked,
     cidr,
-    declared_version,
     decode_dns,
     decode_route,
-    invalid,
     members,
     object_keys,
     optional_integer,
     route_tuple,
+    versioned,
 )
 
 __all__ = ["Interface", "IPConfig", "Result"]
@@ -109,20 +108,25 @@ class IPConfig:
         return checked(decode_ip_config, obj, "ip config")
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.interface is not None:
-            out["interface"] = self.interface
-        out["address"] = str(self.address)
-        if self.gateway is not None:
-            out["gateway"] = str(self.gateway)
-        return out
+        return ip_config_json(self.interface, self.address, self.gateway)
+
+
+def ip_config_json(interface: int | None, addr: IPInterface, gateway: IPAddress | None) -> dict[str, Any]:
+    """An ip's ``interface``, ``address`` and ``gateway`` as Go emits them (0.3.x/0.4.0 too)."""
+    out: dict[str, Any] = {}
+    if interface is not None:
+        out["interface"] = interface
+    out["address"] = str(addr)
+    if gateway is not None:
+        out["gateway"] = str(gateway)
+    return out
 
 
 _IP_KEYS = object_keys("interface", "address", "gateway", nullable=("interface", "gateway"))
 
 
-def decode_ip_config(value: Any) -> IPConfig:
-    obj = members(value, _IP_KEYS)
+def ip_config_fields(obj: dict[Any, Any]) -> tuple[int | None, IPInterface, IPAddress | None]:
+    """An ip's ``interface``, ``address`` and ``gateway`` decoded from its members (0.3.x/0.4.0 too)."""
     key = "interface"
     try:
         interface = optional_integer(obj.get("interface"))
@@ -132,6 +136,11 @@ def decode_ip_config(value: Any) -> IPConfig:
         gateway = address(obj.get("gateway"))
     except GoValueError as e:
         raise e.at(key) from None
+    return interface, addr, gateway
+
+
+def decode_ip_config(value: Any) -> IPConfig:
+    interface, addr, gateway = ip_config_fields(members(value, _IP_KEYS))
     return IPConfig(addr, gateway, interface)
 
 
@@ -158,42 +167,59 @@ class Result:
     @classmethod
     def from_json(cls, obj: Any) -> Result:
         """Decode as 1.x, version taken as written; :func:`~pycni.types.parse_result` does libcni's fixup."""
-        try:
-            return decode_result(obj, declared_version(obj, cls.VERSIONS))
-        except GoValueError as e:
-            raise invalid(e, "result") from None
+        return versioned(decode_result, obj, cls.VERSIONS)
 
     def to_json(self) -> dict[str, Any]:
         """Go's emission: empty lists are omitted, and so is ``dns`` when all of it is empty."""
-        out: dict[str, Any] = {}
-        if self.cni_version:
-            out["cniVersion"] = self.cni_version
-        if self.interfaces:
-            out["interfaces"] = [i.to_json() for i in self.interfaces]
-        if self.ips:
-            out["ips"] = [ip.to_json() for ip in self.ips]
-        if self.routes:
-            out["routes"] = [r.to_json() for r in self.routes]
+        ips, routes = [ip.to_json() for ip in self.ips], [r.to_json() for r in self.routes]
+        out = lists_json(self.cni_version, [i.to_json() for i in self.interfaces], ips, routes)
         dns = self.dns.to_json()
         if dns:
             out["dns"] = dns
         return out
 
 
+def lists_json(
+    cni_version: str, interfaces: list[dict[str, Any]], ips: list[dict[str, Any]], routes: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A 0.3.x-to-1.x result's ``cniVersion`` and its lists, each already emitted in its version's
+    fields, as Go emits them (an empty list omitted)."""
+    out: dict[str, Any] = {}
+    if cni_version:
+        out["cniVersion"] = cni_version
+    if interfaces:
+        out["interfaces"] = interfaces
+    if ips:
+        out["ips"] = ips
+    if routes:
+        out["routes"] = routes
+    return out
+
+
 _RESULT_KEYS = object_keys("interfaces", "ips", "routes", "dns", ignored="cniVersion", whole=("ips", "routes"))
 
+IP = TypeVar("IP")
 
-def decode_result(value: Any, version: str) -> Result:
+
+def decode_lists(
+    value: Any, interface: Callable[[Any], Interface], ip_config: Callable[[Any], IP]
+) -> tuple[tuple[Interface, ...], tuple[IP, ...], tuple[Route, ...], DNS]:
+    """A 0.3.x-to-1.x result's interfaces, ips (each decoded by its version's decoders), routes
+    and dns."""
     obj = members(value, _RESULT_KEYS)
     key = "interfaces"
     try:
-        interfaces = array(obj.get("interfaces"), decode_interface)
+        interfaces = array(obj.get("interfaces"), interface)
         key = "ips"
-        ips = array(obj.get("ips"), decode_ip_config)
+        ips = array(obj.get("ips"), ip_config)
         key = "routes"
         routes = array(obj.get("routes"), decode_route)
         key = "dns"
         dns = decode_dns(obj.get("dns"))
     except GoValueError as e:
         raise e.at(key) from None
-    return Result(version, interfaces, ips, routes, dns)
+    return interfaces, ips, routes, dns
+
+
+def decode_result(value: Any, version: str) -> Result:
+    return Result(version, *decode_lists(value, decode_interface, decode_ip_config))

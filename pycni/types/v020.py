@@ -22,13 +22,12 @@ from ._common import (
     array,
     checked,
     cidr,
-    declared_version,
     decode_dns,
     decode_route,
-    invalid,
     members,
     object_keys,
     route_tuple,
+    versioned,
 )
 
 __all__ = ["IPConfig020", "Result020"]
@@ -90,10 +89,7 @@ class Result020:
     @classmethod
     def from_json(cls, obj: Any) -> Result020:
         """Decode as 0.1.0/0.2.0, version taken as written (see :func:`~pycni.types.parse_result`)."""
-        try:
-            return decode_result(obj, declared_version(obj, cls.VERSIONS))
-        except GoValueError as e:
-            raise invalid(e, "result") from None
+        return versioned(decode_result, obj, cls.VERSIONS)
 
     def to_json(self) -> dict[str, Any]:
         """Go's emission: absent configs omitted, ``dns`` always present (``{}`` when empty)."""

@@ -15,24 +15,16 @@ from .._json import GoValueError, go_string
 from ._common import (
     DNS,
     EMPTY_DNS,
-    MISSING,
     IPAddress,
     IPInterface,
     Route,
-    address,
-    array,
     checked,
-    cidr,
-    declared_version,
-    decode_dns,
-    decode_route,
-    invalid,
     members,
     object_keys,
-    optional_integer,
     route_tuple,
+    versioned,
 )
-from .current import Interface, interface_tuple
+from .current import Interface, decode_lists, interface_tuple, ip_config_fields, ip_config_json, lists_json
 
 __all__ = ["IPConfig040", "Result040"]
 
@@ -56,13 +48,7 @@ class IPConfig040:
         return checked(decode_ip_config, obj, "ip config")
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"version": self.version}
-        if self.interface is not None:
-            out["interface"] = self.interface
-        out["address"] = str(self.address)
-        if self.gateway is not None:
-            out["gateway"] = str(self.gateway)
-        return out
+        return {"version": self.version, **ip_config_json(self.interface, self.address, self.gateway)}
 
 
 _IP_KEYS = object_keys("version", "interface", "address", "gateway", nullable=("interface", "gateway"))
@@ -70,17 +56,11 @@ _IP_KEYS = object_keys("version", "interface", "address", "gateway", nullable=("
 
 def decode_ip_config(value: Any) -> IPConfig040:
     obj = members(value, _IP_KEYS)
-    key = "version"
     try:
         version = go_string(obj.get("version"))
-        key = "interface"
-        interface = optional_integer(obj.get("interface"))
-        key = "address"
-        addr = cidr(obj.get("address", MISSING))
-        key = "gateway"
-        gateway = address(obj.get("gateway"))
     except GoValueError as e:
-        raise e.at(key) from None
+        raise e.at("version") from None
+    interface, addr, gateway = ip_config_fields(obj)
     return IPConfig040(version, addr, gateway, interface)
 
 
@@ -130,40 +110,15 @@ class Result040:
     @classmethod
     def from_json(cls, obj: Any) -> Result040:
         """Decode as 0.3.x/0.4.0, version taken as written (see :func:`~pycni.types.parse_result`)."""
-        try:
-            return decode_result(obj, declared_version(obj, cls.VERSIONS))
-        except GoValueError as e:
-            raise invalid(e, "result") from None
+        return versioned(decode_result, obj, cls.VERSIONS)
 
     def to_json(self) -> dict[str, Any]:
         """Go's emission: empty lists omitted, ``dns`` always present (``{}`` when empty)."""
-        out: dict[str, Any] = {}
-        if self.cni_version:
-            out["cniVersion"] = self.cni_version
-        if self.interfaces:
-            out["interfaces"] = [interface_to_json(i) for i in self.interfaces]
-        if self.ips:
-            out["ips"] = [ip.to_json() for ip in self.ips]
-        if self.routes:
-            out["routes"] = [r.to_json() for r in self.routes]
+        ips, routes = [ip.to_json() for ip in self.ips], [r.to_json() for r in self.routes]
+        out = lists_json(self.cni_version, [interface_to_json(i) for i in self.interfaces], ips, routes)
         out["dns"] = self.dns.to_json()
         return out
 
 
-_RESULT_KEYS = object_keys("interfaces", "ips", "routes", "dns", ignored="cniVersion", whole=("ips", "routes"))
-
-
 def decode_result(value: Any, version: str) -> Result040:
-    obj = members(value, _RESULT_KEYS)
-    key = "interfaces"
-    try:
-        interfaces = array(obj.get("interfaces"), decode_interface)
-        key = "ips"
-        ips = array(obj.get("ips"), decode_ip_config)
-        key = "routes"
-        routes = array(obj.get("routes"), decode_route)
-        key = "dns"
-        dns = decode_dns(obj.get("dns"))
-    except GoValueError as e:
-        raise e.at(key) from None
-    return Result040(version, interfaces, ips, routes, dns)
+    return Result040(version, *decode_lists(value, decode_interface, decode_ip_config))

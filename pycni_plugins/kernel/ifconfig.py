@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from pycni.types import IPConfig, Result, Route
 
-from . import links, sysctl
+from . import addressing, links, routing, sysctl
 from .errors import fail, failing
 
 __all__ = [
@@ -55,18 +55,18 @@ def configure_iface(ifname: str, result: Result) -> None:
                     raise fail(f'failed to enable keep_addr_on_down for interface "{ifname}": {e.strerror}') from e
                 v6_enabled = True
             with failing(f'failed to add IP addr {ip.address} to "{ifname}"'):
-                links.add_address(ipr, index, ip.address)
+                addressing.add_address(ipr, index, ip.address)
             if ip.gateway is not None:
                 gateways.setdefault(ip.gateway.version, str(ip.gateway))
         with failing(f'failed to set "{ifname}" UP'):
             links.set_up(ipr, index)
         if 6 in gateways:
             with failing(f'failed to settle addresses for "{ifname}"'):
-                links.wait_dad(ipr, index)
+                addressing.wait_dad(ipr, index)
         for route in result.routes:
             gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
             with failing(f"failed to add route '{route.dst.network} via {gw} dev {ifname} metric {route.priority}'"):
-                links.add_route(
+                routing.add_route(
                     ipr, index, route.dst.network, gw, priority=route.priority, table=route.table, scope=route.scope
                 )
 
@@ -77,7 +77,7 @@ def check_ips(ifname: str, ips: Iterable[IPConfig]) -> None:
         index = links.ifindex(ifname)
         if index is None:
             raise fail(f"Cannot find container link {ifname}")
-        have = {a for a, _ in links.addresses(ipr, index)}
+        have = {a for a, _ in addressing.addresses(ipr, index)}
         for ip in ips:
             if ip.address not in have:
                 raise fail(f"Failed to match addr {ip.address} on interface {ifname}")
@@ -99,7 +99,7 @@ def check_routes(routes: Iterable[Route]) -> None:
 def check_on_link(ipr: links.IPRoute, index: int, ifname: str, prev: Result) -> None:
     """A veth plugin's CHECK of its container end ``ifname`` (bridge, ptp): the prevResult's
     addresses of that interface (or of none) are on link ``index``, its routes go through it."""
-    have = {a for a, _ in links.addresses(ipr, index)}
+    have = {a for a, _ in addressing.addresses(ipr, index)}
     for ip in prev.ips:
         if ip.interface is not None and 0 <= ip.interface < len(prev.interfaces):
             if prev.interfaces[ip.interface].name != ifname:
@@ -108,13 +108,13 @@ def check_on_link(ipr: links.IPRoute, index: int, ifname: str, prev: Result) -> 
             raise fail(f"Failed to match addr {ip.address} on interface {ifname}")
     for route in prev.routes:
         gw = str(route.gw) if route.gw is not None else None
-        if not links.has_route(ipr, index, route.dst.network, gw):
+        if not routing.has_route(ipr, index, route.dst.network, gw):
             raise fail(f"Expected Route {route.to_json()} not found in routing table")
 
 
 def _has_route_to(ipr: links.IPRoute, dst: ipaddress.IPv4Network | ipaddress.IPv6Network, gw: object = None) -> bool:
     family = socket.AF_INET if dst.version == 4 else socket.AF_INET6
-    for msg in links.dump_routes(ipr, family):
+    for msg in routing.dump_routes(ipr, family):
         if msg["dst_len"] != dst.prefixlen:
             continue
         have = msg.get("dst")
@@ -147,7 +147,7 @@ def default_route_indexes(ipr: links.IPRoute) -> list[int]:
             if msg["dst_len"] != 0 or msg["type"] != RTN_UNICAST or table not in tables:
                 continue
             oifs = [msg.get("oif")] + [hop["oif"] for hop in msg.get("multipath") or ()]
-            where = (rank, 0 if table == links.RT_TABLE_MAIN else 1)
+            where = (rank, 0 if table == routing.RT_TABLE_MAIN else 1)
             found.extend((*where, oif) for oif in oifs if oif)
     ordered = [oif for *_, oif in sorted(found, key=lambda f: f[:2])]
     return list(dict.fromkeys(ordered))

@@ -1,4 +1,6 @@
-"""Links, addresses and routes through pyroute2, in the calling thread's network namespace.
+"""Links through pyroute2, in the calling thread's network namespace, and the one door to it
+(:func:`iproute`, :func:`call`); a link's addresses are in :mod:`.addressing`, routes and rules
+in :mod:`.routing`.
 
 A synchronous ``IPRoute`` belongs to the thread that opens it (pyroute2 keeps its socket and
 asyncio loop per thread) and its socket to that thread's namespace at that moment. So every
@@ -10,9 +12,10 @@ A link is fetched with one ``RTM_GETLINK`` by index or name, never by filtering 
 addresses and routes, which have no such request, are dumped). Every request costs ~0.3 ms of
 pyroute2 encoding and decoding, so callers make as few as they can. Kernel errors come out as
 :class:`LinkError` (:mod:`.errors`), an ``OSError`` carrying the kernel's errno: every request,
-:mod:`.tc`'s and :mod:`.conntrack`'s too, goes through :func:`call`, the one place pyroute2's
-``NetlinkError`` is translated. The plugins never use pyroute2 themselves: what they need of it
-is here (:func:`link_info`, :func:`dump_routes`, :func:`dump_rules`, macvlan's link kind).
+:mod:`.addressing`'s, :mod:`.routing`'s, :mod:`.tc`'s and :mod:`.conntrack`'s too, goes through
+:func:`call`, the one place pyroute2's ``NetlinkError`` is translated. The plugins never use
+pyroute2 themselves: what they need of it is here and there (:func:`link_info`,
+:func:`.routing.dump_routes`, :func:`.routing.dump_rules`, macvlan's link kind).
 
 :func:`delete_link` returns once the device is unlisted: the acknowledgement of the delete
 request waits for the kernel's RCU barrier and refcount drain (~15-35 ms here), so a helper
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import errno
-import ipaddress
 import os
 import secrets
 import socket
@@ -41,7 +43,6 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
 from .errors import LinkError
 
 __all__ = [
-    "IPInterface",
     "IPRoute",
     "LOOPBACK_INDEX",
     "Link",
@@ -68,31 +69,14 @@ __all__ = [
     "set_brport",
     "set_port_vlans",
     "delete_link",
-    "addresses",
-    "add_address",
-    "del_address",
-    "add_route",
-    "del_route",
-    "dump_routes",
-    "route",
-    "dump_rules",
-    "rule",
-    "route_oif",
-    "has_route",
     "wait_oper_up",
-    "wait_dad",
 ]
 
-IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 T = TypeVar("T")
 
-# linux/if.h, linux/if_addr.h, linux/if_bridge.h, linux/rtnetlink.h
+# linux/if.h, linux/if_bridge.h
 IFF_UP, IFF_PROMISC, IFF_ALLMULTI = 0x1, 0x100, 0x200
-IFA_F_NODAD, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x08, 0x40
 BRIDGE_VLAN_INFO_PVID, BRIDGE_VLAN_INFO_UNTAGGED = 0x2, 0x4
-RT_TABLE_MAIN, RTPROT_BOOT = 254, 3
-RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_HOST, RT_SCOPE_NOWHERE = 0, 253, 254, 255
 #: ``lo``'s index in every namespace (LOOPBACK_IFINDEX; the kernel asserts it when creating lo).
 LOOPBACK_INDEX = 1
 
@@ -106,7 +90,8 @@ def _error(code: int, what: str = "") -> LinkError:
 
 def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """One pyroute2 request, with a kernel error raised as :class:`LinkError`: the one place
-    pyroute2's errors are translated (:mod:`.tc` and :mod:`.conntrack` send theirs through it)."""
+    pyroute2's errors are translated (:mod:`.addressing`, :mod:`.routing`, :mod:`.tc` and
+    :mod:`.conntrack` send theirs through it)."""
     try:
         return method(*args, **kwargs)
     except NetlinkError as e:
@@ -479,168 +464,6 @@ def _delete(name: str, outcome: list[Exception | None], done: threading.Event) -
         done.set()
 
 
-# --- addresses ----------------------------------------------------------------------------------
-
-
-def addresses(ipr: IPRoute, index: int, family: int | None = None) -> list[tuple[IPInterface, int]]:
-    """``(address/prefix, IFA flags)`` of a link; ``family`` limits it to AF_INET or AF_INET6."""
-    spec: dict[str, Any] = {"index": index}
-    if family:
-        spec["family"] = family
-    out = []
-    for msg in call(ipr.addr, "dump", **spec):
-        ip = msg.get("local") or msg.get("address")
-        if ip is not None:
-            out.append((ipaddress.ip_interface(f"{ip}/{msg['prefixlen']}"), msg.get("flags", 0)))
-    return out
-
-
-def add_address(ipr: IPRoute, index: int, addr: IPInterface, *, nodad: bool = False, exist_ok: bool = False) -> bool:
-    """Add ``addr``; IPv4 prefixes shorter than /31 get their broadcast address as ``ip addr`` does.
-
-    Returns False when ``exist_ok`` and the address was already there.
-    """
-    spec: dict[str, Any] = {"index": index, "address": str(addr.ip), "prefixlen": addr.network.prefixlen}
-    if addr.version == 4 and addr.network.prefixlen < 31:
-        spec["broadcast"] = str(addr.network.broadcast_address)
-    if nodad:
-        spec["flags"] = IFA_F_NODAD
-    try:
-        call(ipr.addr, "add", **spec)
-    except LinkError as e:
-        if exist_ok and e.errno == errno.EEXIST:
-            return False
-        raise
-    return True
-
-
-def del_address(ipr: IPRoute, index: int, addr: IPInterface) -> None:
-    try:
-        call(ipr.addr, "del", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
-    except LinkError as e:
-        if e.errno != errno.EADDRNOTAVAIL:
-            raise
-
-
-# --- routes -------------------------------------------------------------------------------------
-
-
-def add_route(
-    ipr: IPRoute,
-    index: int,
-    dst: IPNetwork,
-    gateway: str | None,
-    *,
-    priority: int = 0,
-    table: int | None = None,
-    scope: int | None = None,
-    src: str | None = None,
-) -> None:
-    """Append a route (NLM_F_CREATE|NLM_F_APPEND, as the reference's ``RouteAddEcmp``);
-    ``src`` is its preferred source address."""
-    spec: dict[str, Any] = {
-        "dst": str(dst),
-        "oif": index,
-        "table": RT_TABLE_MAIN if table is None else table,
-        "proto": RTPROT_BOOT,
-        "scope": (RT_SCOPE_UNIVERSE if gateway else RT_SCOPE_LINK) if scope is None else scope,
-    }
-    if gateway:
-        spec["gateway"] = gateway
-    if priority:
-        spec["priority"] = priority
-    if src:
-        spec["prefsrc"] = src
-    call(ipr.route, "append", **spec)
-
-
-def del_route(ipr: IPRoute, index: int, dst: IPNetwork) -> None:
-    """Delete the main-table route to ``dst`` through ``index``, whatever its scope and protocol
-    (the kernel's own prefix route included); a missing one is fine."""
-    try:
-        call(ipr.route, "del", dst=str(dst), oif=index, table=RT_TABLE_MAIN, scope=RT_SCOPE_NOWHERE, proto=0)
-    except LinkError as e:
-        if e.errno != errno.ESRCH:
-            raise
-
-
-def dump_routes(ipr: IPRoute, family: int, table: int = RT_TABLE_MAIN) -> list[dict[str, Any]]:
-    """The routes of ``table`` in ``family``, each as the attributes that identify and re-create
-    it with :func:`route`: ``family``, ``dst_len``, ``proto``, ``scope``, ``type``, ``table``, and
-    those of ``dst``, ``gateway``, ``prefsrc``, ``oif``, ``priority`` it has."""
-    out = []
-    for msg in call(ipr.route, "dump", family=family, table=table):
-        spec: dict[str, Any] = {
-            "family": msg["family"],
-            "dst_len": msg["dst_len"],
-            "proto": msg["proto"],
-            "scope": msg["scope"],
-            "type": msg["type"],
-            "table": msg.get("table") or msg["table"],  # RTA_TABLE; the header's is 8 bits
-        }
-        for key in ("dst", "gateway", "prefsrc", "oif", "priority"):
-            value = msg.get(key)
-            if value is not None:
-                spec[key] = value
-        out.append(spec)
-    return out
-
-
-def route(ipr: IPRoute, command: str, **spec: Any) -> None:
-    """``add``, ``replace`` or ``del`` one route given by pyroute2's attributes (as
-    :func:`dump_routes` gives them)."""
-    call(ipr.route, command, **spec)
-
-
-def dump_rules(ipr: IPRoute, family: int) -> list[dict[str, Any]]:
-    """The policy routing rules of ``family``: ``family``, ``table``, ``priority``, and
-    ``src``/``src_len`` (``src`` is None for a rule from any source)."""
-    return [
-        {
-            "family": msg["family"],
-            "table": msg.get("table") or msg["table"],  # FRA_TABLE; the header's is 8 bits
-            "priority": msg.get("priority") or 0,
-            "src": msg.get("src"),
-            "src_len": msg["src_len"],
-        }
-        for msg in call(ipr.get_rules, family=family)
-    ]
-
-
-def rule(ipr: IPRoute, command: str, **spec: Any) -> None:
-    """``add`` or ``del`` one rule given by pyroute2's attributes (``family``, ``table``,
-    ``src``, ``src_len``, ``priority``)."""
-    call(ipr.rule, command, **spec)
-
-
-def route_oif(ipr: IPRoute, dst: str) -> int | None:
-    """The output interface the kernel picks for ``dst`` (``ip route get``)."""
-    try:
-        msgs = call(ipr.route, "get", dst=dst)
-    except LinkError as e:
-        if e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
-            return None
-        raise
-    return (msgs[0].get("oif") or None) if msgs else None
-
-
-def has_route(ipr: IPRoute, index: int, dst: IPNetwork, gateway: str | None) -> bool:
-    """Whether a main-table route to ``dst`` (via ``gateway``, if given) leaves through ``index``."""
-    family = socket.AF_INET if dst.version == 4 else socket.AF_INET6
-    want_gw = ipaddress.ip_address(gateway) if gateway is not None else None
-    for msg in call(ipr.route, "dump", family=family, table=RT_TABLE_MAIN):
-        if msg["dst_len"] != dst.prefixlen or msg.get("oif") != index:
-            continue
-        have = msg.get("dst")
-        if have is not None and ipaddress.ip_network(f"{have}/{dst.prefixlen}") != dst:
-            continue
-        gw = msg.get("gateway")
-        if want_gw is not None and (gw is None or ipaddress.ip_address(gw) != want_gw):
-            continue
-        return True
-    return False
-
-
 # --- waiting ------------------------------------------------------------------------------------
 
 
@@ -659,22 +482,3 @@ def wait_oper_up(ipr: IPRoute, name: str, timeout: float = 2.5) -> str:
             return state
         time.sleep(delay)
         delay = min(delay * 2, 0.25)
-
-
-def wait_dad(ipr: IPRoute, index: int, timeout: float = 5.0) -> None:
-    """Wait until no IPv6 address of the link is tentative; DAD failure is an error."""
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while True:
-        tentative = False
-        for addr, flags in addresses(ipr, index, socket.AF_INET6):
-            if flags & IFA_F_DADFAILED:
-                raise LinkError(errno.EADDRINUSE, f"DAD failed for {addr}")
-            if flags & IFA_F_TENTATIVE:
-                tentative = True
-        if not tentative:
-            return
-        if time.monotonic() >= deadline:
-            raise LinkError(errno.ETIMEDOUT, "timed out waiting for IPv6 addresses to leave the tentative state")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)

@@ -60,13 +60,13 @@ def test_dual_stack_add_result_and_kernel_state(host, make_netns, kit, tmp_path)
     assert kit.sysctl_in(ctr.path, "net/ipv6/conf/eth0/keep_addr_on_down") == "1"
 
     def addrs_and_routes():
-        from pycni_plugins.kernel import links
+        from pycni_plugins.kernel import addressing, links, routing
 
         with links.iproute() as ipr:
             idx = links.get_link(ipr, "eth0").index
-            addrs = {str(a) for a, _ in links.addresses(ipr, idx)}
-            v4 = links.has_route(ipr, idx, ipaddress.ip_network("0.0.0.0/0"), "10.77.0.1")
-            v6 = links.has_route(ipr, idx, ipaddress.ip_network("::/0"), "fd77::1")
+            addrs = {str(a) for a, _ in addressing.addresses(ipr, idx)}
+            v4 = routing.has_route(ipr, idx, ipaddress.ip_network("0.0.0.0/0"), "10.77.0.1")
+            v6 = routing.has_route(ipr, idx, ipaddress.ip_network("::/0"), "fd77::1")
         return addrs, v4, v6
 
     addrs, v4, v6 = netns.run_in(ctr.path, addrs_and_routes)

@@ -465,10 +465,11 @@ def test_host_device_gc_gives_stale_devices_back_to_the_host(host, make_netns, k
     assert "host-local lease 198.18.74.3 of b/eth0 (network linknet)" in out["removed"]
     back = kit.links_in(None)["hds0"]
     assert back.up and set(kit.links_in(ns_b.path)) == {"lo"}
+    from pycni_plugins.kernel import addressing
     from pycni_plugins.kernel import links as kernel_links
 
     with kernel_links.iproute() as ipr:
-        assert "198.18.76.1/24" in {str(a) for a, _ in kernel_links.addresses(ipr, back.index)}
+        assert "198.18.76.1/24" in {str(a) for a, _ in addressing.addresses(ipr, back.index)}
         assert ipr.link("get", index=back.index)[0].get("ifalias") in (None, "")
     assert "eth0" in kit.links_in(ns_a.path) and "eth0" in kit.links_in(ns_o.path)
     assert len(_records(state_dir, "host-device")) == 2

@@ -108,10 +108,10 @@ def test_host_device_goes_back_with_its_addresses_when_ipam_fails(host, make_net
     after = kit.links_in(None)["hd0"]
     assert after.up and after.mac == before.mac
     assert set(_in_container(ctr.path)) == {"lo"}
-    from pycni_plugins.kernel import links
+    from pycni_plugins.kernel import addressing, links
 
     with links.iproute() as ipr:
-        assert "198.18.9.1/24" in {str(a) for a, _ in links.addresses(ipr, after.index)}
+        assert "198.18.9.1/24" in {str(a) for a, _ in addressing.addresses(ipr, after.index)}
 
 
 def test_host_device_check_notices_a_changed_mac(host, make_netns, kit):

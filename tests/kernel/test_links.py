@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from pycni import netns
-from pycni_plugins.kernel import links
+from pycni_plugins.kernel import addressing, links, routing
 
 pytestmark = pytest.mark.privileged
 
@@ -101,20 +101,20 @@ def test_link_info_routes_and_rules_are_what_the_plugins_read(make_netns):
             assert links.link_info(ipr, "nothere") is None
 
             links.set_up(ipr, index)
-            links.add_address(ipr, index, ipaddress.ip_interface("10.9.0.2/24"))
-            mine = [r for r in links.dump_routes(ipr, socket.AF_INET) if r.get("oif") == index]
-            assert [(r["dst"], r["dst_len"], r["table"]) for r in mine] == [("10.9.0.0", 24, links.RT_TABLE_MAIN)]
+            addressing.add_address(ipr, index, ipaddress.ip_interface("10.9.0.2/24"))
+            mine = [r for r in routing.dump_routes(ipr, socket.AF_INET) if r.get("oif") == index]
+            assert [(r["dst"], r["dst_len"], r["table"]) for r in mine] == [("10.9.0.0", 24, routing.RT_TABLE_MAIN)]
             copy = {**mine[0], "table": 1000}  # above 255: only RTA_TABLE holds it
-            links.route(ipr, "replace", **copy)
-            assert [r["table"] for r in links.dump_routes(ipr, socket.AF_INET, 1000)] == [1000]
+            routing.route(ipr, "replace", **copy)
+            assert [r["table"] for r in routing.dump_routes(ipr, socket.AF_INET, 1000)] == [1000]
             with pytest.raises(links.LinkError) as err:  # a refusal comes out translated
-                links.route(ipr, "add", **copy)
+                routing.route(ipr, "add", **copy)
             assert err.value.errno == errno.EEXIST
 
             rule = {"family": socket.AF_INET, "table": 1000, "src": "10.9.0.2", "src_len": 32, "priority": 500}
-            links.rule(ipr, "add", **rule)
-            assert rule in links.dump_rules(ipr, socket.AF_INET)
-            links.rule(ipr, "del", **rule)
-            assert rule not in links.dump_rules(ipr, socket.AF_INET)
+            routing.rule(ipr, "add", **rule)
+            assert rule in routing.dump_rules(ipr, socket.AF_INET)
+            routing.rule(ipr, "del", **rule)
+            assert rule not in routing.dump_rules(ipr, socket.AF_INET)
 
     netns.run_in(ns.path, probe)

@@ -63,7 +63,7 @@ class Daemon:
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        from pycni_plugins.serve.daemon import check
+        from pycni_plugins.serve.sockets import check
 
         deadline = time.monotonic() + scaled(timeout)
         while time.monotonic() < deadline:

@@ -89,7 +89,7 @@ def test_socket_is_0600_in_a_0700_dir_and_removed_on_sigterm(daemon):
 
 
 def test_refuses_a_socket_dir_others_can_enter_and_a_socket_another_daemon_serves(daemon, host_ns, tmp_path):
-    from pycni_plugins.serve.daemon import check
+    from pycni_plugins.serve.sockets import check
 
     shared = tempfile.mkdtemp(prefix="pycni-shared-")
     try:

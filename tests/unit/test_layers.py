@@ -34,6 +34,7 @@ RUNTIME_INTO_PLUGINS = {
     ("pycni.cli.plugins", "pycni_plugins.install"),
     ("pycni.cli.serve", "pycni_plugins.serve"),
     ("pycni.cli.serve", "pycni_plugins.serve.daemon"),
+    ("pycni.cli.serve", "pycni_plugins.serve.sockets"),
 }
 #: The test tooling (mock backend, probes, strategies, the fuzzer) sits on top of the runtime:
 #: nothing else in pycni/ imports it but the CLI verbs that are test tools (``demo`` proves
