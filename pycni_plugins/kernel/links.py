@@ -225,15 +225,21 @@ def _link(msg: Any) -> Link:
     )
 
 
-def get_link(ipr: IPRoute, name: str | None = None, *, index: int | None = None) -> Link | None:
-    """The link by name or index, ``None`` if there is none."""
+def _get(ipr: IPRoute, name: str | None, index: int | None) -> Any | None:
+    """The RTM_GETLINK answer for a name or index, ``None`` if there is no such link."""
     try:
         msgs = call(ipr.link, "get", index=index) if index is not None else call(ipr.link, "get", ifname=name)
     except LinkError as e:
         if e.errno == errno.ENODEV:
             return None
         raise
-    return _link(msgs[0]) if msgs else None
+    return msgs[0] if msgs else None
+
+
+def get_link(ipr: IPRoute, name: str | None = None, *, index: int | None = None) -> Link | None:
+    """The link by name or index, ``None`` if there is none."""
+    msg = _get(ipr, name, index)
+    return _link(msg) if msg is not None else None
 
 
 @attrs.frozen
@@ -248,16 +254,11 @@ class LinkInfo:
 
 def link_info(ipr: IPRoute, name: str | None = None, *, index: int | None = None) -> LinkInfo | None:
     """The link by name or index with its alias and kind data, ``None`` if there is none."""
-    try:
-        msgs = call(ipr.link, "get", index=index) if index is not None else call(ipr.link, "get", ifname=name)
-    except LinkError as e:
-        if e.errno == errno.ENODEV:
-            return None
-        raise
-    if not msgs:
+    msg = _get(ipr, name, index)
+    if msg is None:
         return None
-    data = msgs[0].get(("linkinfo", "data"))
-    return LinkInfo(_link(msgs[0]), msgs[0].get("ifalias") or "", dict(data["attrs"]) if data is not None else {})
+    data = msg.get(("linkinfo", "data"))
+    return LinkInfo(_link(msg), msg.get("ifalias") or "", dict(data["attrs"]) if data is not None else {})
 
 
 def ifindex(name: str) -> int | None:
