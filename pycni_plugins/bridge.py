@@ -66,7 +66,7 @@ from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate,
 from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from . import _veth
-from ._common import Fields, attachment, fail, in_netns, ipam_result, is_link_name
+from ._common import Fields, attachment, fail, failing, in_netns, ipam_result, is_link_name
 from .kernel import addressing, hostfw, ifconfig, layout, links, nft, owned, sysctl
 
 __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
@@ -234,11 +234,9 @@ def _gateways(conf: BridgeConfig, ipam: Result) -> tuple[tuple[IPConfig, ...], t
 def _ensure_gateway_addr(ipr: Any, br: links.Link, addr: Any, force: bool) -> None:
     """The reference's ``ensureAddr``, cheapest first: EEXIST means exactly this address is there
     (a concurrent ADD may have added it); only a new address is checked against the others."""
-    try:
+    with failing(f'could not add IP address {addr} to "{br.name}"'):
         if not addressing.add_address(ipr, br.index, addr, nodad=addr.version == 6, exist_ok=True):
             return
-    except links.LinkError as e:
-        raise fail(f'could not add IP address {addr} to "{br.name}": {e.strerror}') from e
     family = socket.AF_INET if addr.version == 4 else socket.AF_INET6
     for have, _ in addressing.addresses(ipr, br.index, family):
         if have == addr or (have.version == 6 and have.ip.is_link_local):
@@ -279,7 +277,7 @@ class BridgePlugin(Plugin):
 
     def _add(self, request: PluginRequest, conf: BridgeConfig, a: _veth.VethAdd) -> Result:
         ipr = a.ipr
-        try:
+        with failing(f'failed to create bridge "{conf.bridge}"'):
             # A bridge someone deleted comes back with the MAC the attachments' results report.
             mac = _remembered_mac(a.records, conf.bridge) if links.ifindex(conf.bridge) is None else None
             br, created = links.ensure_bridge(
@@ -287,8 +285,6 @@ class BridgePlugin(Plugin):
             )
             if conf.promisc and not br.promisc:
                 links.set_up(ipr, br.index, promisc=True)
-        except links.LinkError as e:
-            raise fail(f'failed to create bridge "{conf.bridge}": {e.strerror}') from e
         _quiet_sysctl(f"net/ipv6/conf/{conf.bridge}/accept_ra", 0)
         if not br.up:
             links.set_up(ipr, br.index)
@@ -307,10 +303,8 @@ class BridgePlugin(Plugin):
         )
         failpoint("bridge.add.after-veth")
         _quiet_sysctl(f"net/ipv6/conf/{host_name}/accept_ra", 0)
-        try:
+        with failing(f'failed to setup port "{host_name}" of bridge {conf.bridge}'):
             self._setup_port(ipr, conf, host_name)
-        except links.LinkError as e:
-            raise fail(f'failed to setup port "{host_name}" of bridge {conf.bridge}: {e.strerror}') from e
         if conf.macspoofchk:
             att = a.record.attachment
             a.undo.append(lambda: nft.release("spoofchk", att, state_dir=request.state_dir))

@@ -49,7 +49,7 @@ from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate
 from pycni.types import DNS, Interface, IPConfig, Result
 
 from . import _veth
-from ._common import Fields, attachment, fail, in_netns, ipam_result
+from ._common import Fields, attachment, fail, failing, in_netns, ipam_result
 from .kernel import addressing, ifconfig, links, nft, owned, routing
 
 __all__ = ["PtpConfig", "PtpPlugin", "load_config"]
@@ -97,15 +97,11 @@ def _configure_container(ifname: str, result: Result) -> None:
             net = ip.address.network
             gw_net = ipaddress.ip_network(f"{ip.gateway}/{_host_prefix(net.version)}")
             src = str(ip.address.ip)
-            try:
+            with failing(f"failed to delete route {net} dev {ifname}"):
                 routing.del_route(ipr, index, net)
-            except links.LinkError as e:
-                raise fail(f"failed to delete route {net} dev {ifname}: {e.strerror}") from e
-            try:
+            with failing(f"failed to add route {net} via {ip.gateway} dev {ifname}"):
                 routing.add_route(ipr, index, gw_net, None, scope=routing.RT_SCOPE_LINK, src=src)
                 routing.add_route(ipr, index, net, str(ip.gateway), src=src)
-            except links.LinkError as e:
-                raise fail(f"failed to add route {net} via {ip.gateway} dev {ifname}: {e.strerror}") from e
 
 
 # --- the plugin -------------------------------------------------------------------------------
@@ -148,10 +144,8 @@ class PtpPlugin(Plugin):
         for ip in ips:
             prefix = _host_prefix(ip.address.version)
             gw_addr = ipaddress.ip_interface(f"{ip.gateway}/{prefix}")
-            try:
+            with failing(f"failed to add IP addr {gw_addr} to veth"):
                 addressing.add_address(a.ipr, index, gw_addr, nodad=gw_addr.version == 6, exist_ok=True)
-            except links.LinkError as e:
-                raise fail(f"failed to add IP addr {gw_addr} to veth: {e.strerror}") from e
             host_route = ipaddress.ip_network(f"{ip.address.ip}/{prefix}")
             try:
                 routing.add_route(a.ipr, index, host_route, None, scope=routing.RT_SCOPE_HOST)

@@ -54,7 +54,7 @@ from pycni.errors import CNIError
 from pycni.sdk import Attachment
 
 from . import links
-from .errors import fail, netns_gone
+from .errors import fail, failing, netns_gone
 from .state import Records
 
 __all__ = [
@@ -271,12 +271,10 @@ class VethRecords(_Owned[VethRecord]):
         container unless another attachment's record names its peer."""
         record = self.record(att.key)
         if record is not None:
-            try:
+            with failing(f'failed to delete "{record.host}"'):
                 host = host_veth(record)
                 if host is not None:
                     links.delete_link(host)
-            except links.LinkError as e:
-                raise fail(f'failed to delete "{record.host}": {e.strerror}') from e
         elif netns_path:
             delete_container_link(netns_path, ifname, self.root)
 
