@@ -109,6 +109,7 @@ def test_the_daemon_heals_a_flushed_ruleset(world, make_netns, state_dir):
         runtime.add_network_list(network, rt)
     with TCPEchoServer(b.path, 80):
         assert tcp_echo(host.path, GATEWAY, HOST_PORT)
+        assert tcp_echo(a.path, GATEWAY, HOST_PORT)
         both = netns.run_in(host.path, _keys, state_dir)
         assert len(both) == 2
 
@@ -117,6 +118,7 @@ def test_the_daemon_heals_a_flushed_ruleset(world, make_netns, state_dir):
         print(f"healed within {seconds * 1000:.0f} ms of the flush")
         assert netns.run_in(host.path, _keys, state_dir) == both
         assert tcp_echo(host.path, GATEWAY, HOST_PORT), "host port DNAT works again"
+        assert tcp_echo(a.path, GATEWAY, HOST_PORT), "and its hairpin from the other container"
         for rt in rts.values():
             runtime.check_network_list(network, rt)
         deadline = time.monotonic() + scaled(5)
