@@ -433,7 +433,7 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def run(path: str, limits: Limits | None = None, stream: TextIO | None = None) -> None:
+def run(path: str, limits: Limits | None = None, stream: TextIO | None = None, *, heal: bool = True) -> None:
     """``pycni serve``: serve in the foreground until SIGTERM/SIGINT, logging to ``stream``."""
     import signal
     import sys
@@ -447,7 +447,7 @@ def run(path: str, limits: Limits | None = None, stream: TextIO | None = None) -
             listener = listen(path)
         else:
             path = listener.getsockname() or path
-        daemon = Daemon(listener, path=path, owned=owned, limits=limits)
+        daemon = Daemon(listener, path=path, owned=owned, limits=limits, heal=heal)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: daemon.stop())
         daemon.serve_forever()

@@ -198,3 +198,19 @@ def test_without_the_daemon_check_names_the_fix_and_reconcile_restores(make_netn
     runtime.check_network_list(network, rt)
     assert netns.run_in(host.path, _missing, state_dir) == []
     runtime.delete_network_list(network, rt)
+
+
+def test_no_heal_watches_nothing(start_daemon, bindir, make_netns, tmp_path, monkeypatch, state_dir):
+    daemon = start_daemon("--no-heal")
+    host = make_netns("hh")
+    monkeypatch.setenv("PYCNI_SOCKET", daemon.socket)
+    monkeypatch.setenv("PYCNI_DAEMON", "required")
+    runtime = Runtime([bindir], cache_dir=str(tmp_path / "cache"), backend="exec", host_netns=host.path, timeout=60)
+    network = _network(tmp_path)
+    rt = _rt("heal-off", make_netns("c").path)
+    runtime.add_network_list(network, rt)
+    _nft(host.path, "flush", "ruleset")
+    time.sleep(0.5)
+    assert netns.run_in(host.path, _missing, state_dir)
+    assert "heal:" not in daemon.log()
+    runtime.delete_network_list(network, rt)
