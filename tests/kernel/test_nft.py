@@ -203,7 +203,7 @@ def test_symlinked_state_dir_is_refused(host, state_dir, tmp_path):
     assert info.value.code == ErrorCode.IO_FAILURE
 
 
-def test_restore_all_rebuilds_everything_recorded_from_the_records_alone(host, state_dir):
+def test_restore_all_rebuilds_everything_recorded_from_the_records_alone(host, make_netns, state_dir):
     isolation = layout.isolation_elements("br-heal", isolated=True)
     fw = [layout.firewall_element(A4.ip)]
     fw_sections = [layout.FIREWALL, layout.admin_section("NOMAD-ADMIN"), layout.ISOLATION]
@@ -212,6 +212,19 @@ def test_restore_all_rebuilds_everything_recorded_from_the_records_alone(host, s
     gone = Attachment("net1", "c2", "eth0")
     nft.apply("portmap", gone, _elements(9090, ipaddress.ip_interface("10.88.0.6/16")), SECTIONS, state_dir=state_dir)
     nft.release("portmap", gone, state_dir=state_dir)
+    # Another host namespace sharing the state dir: its records are not this table's.
+    other, elsewhere = make_netns("other"), Attachment("net2", "c3", "eth0")
+    apply = nft.apply
+    netns.run_in(
+        other.path,
+        lambda: apply(
+            "firewall",
+            elsewhere,
+            [layout.firewall_element(ipaddress.ip_address("10.88.0.9"))],
+            fw_sections[:1],
+            state_dir=state_dir,
+        ),
+    )
     assert nft.restore_all(state_dir, layout.record_sections) == []  # nothing missing: nothing done
 
     _nft_elsewhere(host, "flush ruleset")
@@ -221,7 +234,7 @@ def test_restore_all_rebuilds_everything_recorded_from_the_records_alone(host, s
     assert nft.skeleton_problems([*fw_sections, *SECTIONS]) == []
     assert nft.missing(ATT, [*fw, *_elements()]) == []
     assert all(nft.holder(e) == "" for e in isolation)  # the shared elements, uncommented
-    assert set(nft.attachments(state_dir)) == {ATT.key}  # the released attachment stays gone
+    assert {k for k, g in nft.attachments(state_dir).items() if g["elements"]} == {ATT.key}  # nor c2 nor c3
     assert nft.restore_all(state_dir, layout.record_sections) == []
 
 

@@ -13,7 +13,7 @@ from pycni.sdk import Attachment
 from ..state import Records
 from .ownership import Comment, Element, comment, filed, holder, reclaim, records
 from .skeleton import Section, ensure, repair
-from .transport import FAMILIES, TABLE, ElementConflict, NftError, NftNotFound, context, error, run
+from .transport import FAMILIES, TABLE, ElementConflict, NftError, NftNotFound, context, error, memo, run
 
 __all__ = [
     "Found",
@@ -367,9 +367,11 @@ def restore_all(
     repair the skeleton every record under ``state_dir`` needs and put back every recorded
     element that is missing, whatever the network, with no plugin config — each record names
     the sections its elements need (``sections_for(owner, elements, recorded sections)`` turns
-    them into :class:`Section` s) and the shared elements its ADD added. Returns what was
-    repaired and restored (nothing when nothing recorded is missing)."""
+    them into :class:`Section` s) and the shared elements its ADD added. A record of another
+    namespace's table (the namespace cookie it names is not this one's) is left alone. Returns
+    what was repaired and restored (nothing when nothing recorded is missing)."""
     store = records(state_dir)
+    here = memo().cookie
     chosen: list[_Chosen] = []
     sections: list[Section] = []
     shared: list[Element] = []
@@ -378,6 +380,8 @@ def restore_all(
         if rec is None:
             continue
         att, elements, raw = rec
+        if here is not None and raw.get("netns", here) != here:
+            continue
         chosen.append((key, owner, att, elements, raw))
         named = [(str(s[0]), str(s[1])) for s in raw.get("sections", ()) if isinstance(s, list) and len(s) == 2]
         for section in sections_for(owner, elements, named):

@@ -197,7 +197,8 @@ def save(
 ) -> None:
     """Write the record: the confirmed ``elements``, the ``pending`` ones, and what a heal needs
     to put them back without the plugin's config (:func:`~.listing.restore_all`): the
-    ``sections`` they need, as (family, sentinel chain), and the ``shared`` elements of their ADD."""
+    ``sections`` they need, as (family, sentinel chain), the ``shared`` elements of their ADD,
+    and the cookie of the namespace whose table holds them (a state dir may serve several)."""
     if _epoch(store) is None:
         claim(store)
     record: dict[str, Any] = {
@@ -213,6 +214,9 @@ def save(
     extra = [e.to_json() for e in shared]
     if extra:
         record["shared"] = extra
+    cookie = memo().cookie
+    if cookie is not None:
+        record["netns"] = cookie
     store.store(record_name(attachment, owner), record)
 
 
