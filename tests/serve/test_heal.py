@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -85,6 +86,14 @@ def _heals(log: str) -> list[str]:
     return [line for line in log.splitlines() if "pycni serve: heal: netns" in line and " after " in line]
 
 
+def _wait_heals(daemon: Any, count: int = 1) -> list[str]:
+    """The daemon's heal lines, once there are ``count`` (it logs just after the heal)."""
+    deadline = time.monotonic() + scaled(5)
+    while len(_heals(daemon.log())) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return _heals(daemon.log())
+
+
 @pytest.fixture
 def world(
     start_daemon: Callable[..., Any],
@@ -121,10 +130,7 @@ def test_the_daemon_heals_a_flushed_ruleset(world, make_netns, state_dir):
         assert tcp_echo(a.path, GATEWAY, HOST_PORT), "and its hairpin from the other container"
         for rt in rts.values():
             runtime.check_network_list(network, rt)
-        deadline = time.monotonic() + scaled(5)
-        while not _heals(daemon.log()) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        heals = _heals(daemon.log())
+        heals = _wait_heals(daemon)
         assert len(heals) == 1, daemon.log()
         assert "restored 6 element(s)" in heals[0] and "ms after the change" in heals[0], heals[0]
 
@@ -214,3 +220,35 @@ def test_no_heal_watches_nothing(start_daemon, bindir, make_netns, tmp_path, mon
     assert netns.run_in(host.path, _missing, state_dir)
     assert "heal:" not in daemon.log()
     runtime.delete_network_list(network, rt)
+
+
+def test_a_flush_during_concurrent_adds_heals_without_fighting_them(world, make_netns, state_dir):
+    daemon, host, runtime, network = world["daemon"], world["host"], world["runtime"], world["network"]
+    rts = [_rt(f"heal-c{i}", make_netns("c").path) for i in range(6)]
+    runtime.add_network_list(network, rts[0])  # the bridge exists, the daemon watches the host
+    errors: list[BaseException] = []
+
+    def add(rt: RuntimeConf) -> None:
+        try:
+            runtime.add_network_list(network, rt)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=add, args=(rt,)) for rt in rts[1:]]
+    for t in threads:
+        t.start()
+    time.sleep(0.05)
+    _nft(host.path, "flush", "ruleset")
+    for t in threads:
+        t.join()
+    assert errors == []
+    _wait_whole(host.path, state_dir, scaled(2.0))
+    assert len(netns.run_in(host.path, _keys, state_dir)) == 6
+    assert _wait_heals(daemon), daemon.log()  # the first container's elements came back
+    for rt in rts:
+        runtime.check_network_list(network, rt)
+    for rt in rts:
+        runtime.delete_network_list(network, rt)
+    assert netns.run_in(host.path, _keys, state_dir) == set()
+    assert [n for n in records(state_dir).names() if n != "epoch"] == []
+    assert not [line for line in daemon.requests() if " ok " not in line]
