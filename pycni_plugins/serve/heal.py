@@ -9,7 +9,8 @@ transaction committed by another process removes one of pycni's tables, chains, 
 (or notifications were lost), it waits :data:`DEBOUNCE` for the rest of the reload and then, in
 that namespace, for every state dir it served there, repairs the skeleton the records need and
 puts back every recorded element that is missing (:func:`pycni_plugins.kernel.nft.restore_all`:
-the records name their sections, so no plugin config is needed), logging one line per heal.
+the records name their sections, so no plugin config is needed, and their namespace, so a
+state dir shared by several host namespaces heals each with its own), logging one line per heal.
 
 It does not fight pycni's own transactions: the daemon's own commits (its plugins' ADDs and DELs,
 its heals) are ignored, and a transaction that only removes elements is never a reason to heal
