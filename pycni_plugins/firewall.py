@@ -98,10 +98,12 @@ class FirewallPlugin(Plugin):
         gone = nft.missing(attachment(request), elements)
         if gone:
             problem = nft.check(attachment(request), gone[:1])
-            raise fail(f"expected firewall element {gone[0].key} not found in set {gone[0].set}", problem or "")
+            raise fail(
+                f"expected firewall element {gone[0].key} not found in set {gone[0].set}", nft.hinted(problem or "")
+            )
         problems = nft.skeleton_problems(_sections(admin, policy))
         if problems:
-            raise fail(f"firewall rules incomplete: {problems[0]}", "; ".join(problems[1:]))
+            raise fail(f"firewall rules incomplete: {problems[0]}", nft.hinted(*problems[1:]))
 
     def delete(self, request: PluginRequest) -> None:
         _config(request)

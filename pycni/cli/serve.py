@@ -54,8 +54,21 @@ __all__ = ["serve"]
     show_default=True,
     help="Seconds running requests get to finish on SIGTERM.",
 )
+@click.option(
+    "--heal/--no-heal",
+    default=True,
+    show_default=True,
+    help="Watch each host namespace served for a firewall reload that removes pycni's nftables state, and put it back.",
+)
 def serve(
-    socket_path: str | None, check: bool, workers: int, queue: int, wait: float, deadline: float, drain: float
+    socket_path: str | None,
+    check: bool,
+    workers: int,
+    queue: int,
+    wait: float,
+    deadline: float,
+    drain: float,
+    heal: bool,
 ) -> None:
     """Run the built-in plugins for the shims `pycni plugins install` writes (foreground, logs to
     stderr, one line per request). SIGTERM stops accepting, lets running requests finish and
@@ -71,4 +84,4 @@ def serve(
         raise SystemExit(0 if ok else 1)
     from pycni_plugins.serve.daemon import Limits, run
 
-    run(path, Limits(workers=workers, queue=queue, wait=wait, deadline=deadline, drain=drain))
+    run(path, Limits(workers=workers, queue=queue, wait=wait, deadline=deadline, drain=drain), heal=heal)

@@ -88,6 +88,8 @@ __all__ = [
     "quote",
     "chain_subnet",
     "sections_for",
+    "section_named",
+    "record_sections",
 ]
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -315,3 +317,31 @@ def sections_for(owner: str, elements: list[Element]) -> list[Section]:
         if section not in out:
             out.append(section)
     return out
+
+
+_FIXED = {(s.family, s.sentinel): s for s in (MASQ, PORTMAP, HAIRPIN_ALL, FIREWALL, ISOLATION, SPOOFCHK)}
+
+
+def section_named(family: str, sentinel: str) -> Section | None:
+    """The section whose sentinel chain is ``sentinel`` (as a record names it: the fixed ones,
+    the per-subnet masquerade and hairpin chains, an admin chain), or ``None``."""
+    fixed = _FIXED.get((family, sentinel))
+    if fixed is not None:
+        return fixed
+    if family != "inet":
+        return None
+    if sentinel.startswith("masq-") and (net := chain_subnet(sentinel, "masq-")) is not None:
+        return masq_subnet(net)
+    if sentinel.startswith("hairpin-") and (net := chain_subnet(sentinel, "hairpin-")) is not None:
+        return hairpin_subnet(net)
+    if CHAIN_NAME.fullmatch(sentinel) and sentinel not in RESERVED_CHAINS:
+        return admin_section(sentinel)
+    return None
+
+
+def record_sections(owner: str, elements: list[Element], named: list[tuple[str, str]]) -> list[Section]:
+    """The sections an element record needs: those it names (:func:`section_named`), else (a
+    record written before records named them) what its owner's elements need (:func:`sections_for`)."""
+    if not named:
+        return sections_for(owner, elements)
+    return [s for s in (section_named(f, n) for f, n in named) if s is not None]

@@ -13,16 +13,21 @@ committed nftables transaction of the namespace, by anyone, increments: equal id
 unchanged ruleset. A dump is not a snapshot, and pyroute2 does not report ``NLM_F_DUMP_INTR`` (it
 swallows the ``NLMSG_DONE`` that carries it for a table this small), so a reader that needs one
 state compares the ids read before and after its dumps.
+
+:func:`watching` subscribes to the namespace's nftables change notifications
+(``NFNLGRP_NFTABLES``): every committed transaction, by anyone, as the objects it added and
+removed followed by its new generation id (``NFT_MSG_NEWGEN``, with the committing process).
 """
 
 from __future__ import annotations
 
 import errno
+import select
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["NetlinkError", "Reader", "Rule", "reading", "FAMILIES"]
+__all__ = ["NetlinkError", "Reader", "Rule", "reading", "FAMILIES", "Batch", "Watcher", "watching"]
 
 #: nfgen_family (NFPROTO_*) of the families pycni has tables in.
 FAMILIES = {"inet": 1, "bridge": 7}
@@ -126,3 +131,113 @@ def _jump(expressions: Any) -> str | None:
             chain: str = verdict.get_attr("NFTA_VERDICT_CHAIN")  # pyroute2 is untyped
             return chain
     return None
+
+
+# nf_tables.h: the message types whose notifications remove something, and the attribute that
+# names the table in each; NFT_MSG_NEWGEN ends a transaction's notifications.
+_REMOVALS = {
+    2: ("table", "NFTA_TABLE_NAME"),
+    5: ("chain", "NFTA_CHAIN_TABLE"),
+    8: ("rule", "NFTA_RULE_TABLE"),
+    11: ("set", "NFTA_SET_TABLE"),
+    14: ("element", "NFTA_SET_ELEM_LIST_TABLE"),
+}
+_NEWGEN = 15
+_NFNLGRP_NFTABLES = 7
+_FAMILY_NAMES = {1: "inet", 2: "ip", 3: "arp", 5: "netdev", 7: "bridge", 10: "ip6"}
+
+
+class Batch:
+    """One committed transaction as its notifications tell it: its generation id, the pid that
+    committed it (``None``: the kernel did not say), and what it removed, as ``(kind, family,
+    table)`` (kind: table, chain, rule, set, element). ``lost`` means notifications were dropped
+    (the socket's buffer overflowed): anything may have changed."""
+
+    __slots__ = ("generation", "pid", "removed", "lost")
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.pid: int | None = None
+        self.removed: set[tuple[str, str, str]] = set()
+        self.lost = False
+
+    def removes(self, table: str, kinds: tuple[str, ...] = ("table", "chain", "rule", "set", "element")) -> bool:
+        """Whether it removed one of ``kinds`` of a table named ``table`` (any family)."""
+        return any(kind in kinds and name == table for kind, _, name in self.removed)
+
+    def __repr__(self) -> str:
+        return f"Batch({self.generation}, pid={self.pid}, removed={sorted(self.removed)}, lost={self.lost})"
+
+
+@contextmanager
+def watching() -> Iterator[Watcher]:
+    """A :class:`Watcher` of the calling thread's namespace (the socket stays bound to it)."""
+    from pyroute2.netlink.nfnetlink import nftsocket
+
+    try:
+        sock = nftsocket.NFTSocket(nfgen_family=0)
+        try:
+            sock.bind(groups=1 << (_NFNLGRP_NFTABLES - 1))
+        except BaseException:
+            sock.close()
+            raise
+    except OSError as e:
+        raise NetlinkError(e.errno, f"nfnetlink: {e.strerror}") from None
+    try:
+        yield Watcher(sock)
+    finally:
+        sock.close()
+
+
+class Watcher:
+    """nftables change notifications over one pyroute2 nfnetlink socket: use :func:`watching`,
+    and read it from the thread that made it (pyroute2's sockets belong to one thread)."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._open = Batch()
+
+    def _queued(self) -> bool:
+        # pyroute2 reads every datagram waiting on the socket whenever it reads, and hands
+        # them out one per get(): those already read are in its queue, not on the socket.
+        queue = getattr(getattr(getattr(self._sock, "asyncore", None), "msg_queue", None), "root", None)
+        return queue is not None and not queue.empty()
+
+    def batches(self, timeout: float) -> list[Batch]:
+        """The transactions committed since the last call, waiting up to ``timeout`` seconds
+        for the first notification (an empty list: none came)."""
+        done: list[Batch] = []
+        wait = timeout
+        while self._queued() or select.select([self._sock.fileno()], [], [], wait)[0]:
+            wait = 0.0
+            try:
+                messages = self._sock.get()
+            except OSError as e:
+                if e.errno != errno.ENOBUFS:
+                    raise NetlinkError(e.errno or errno.EIO, f"nfnetlink: {e}") from None
+                self._open.lost = True
+                continue
+            for msg in messages:
+                self._take(msg, done)
+        return done
+
+    def _take(self, msg: Any, done: list[Batch]) -> None:
+        header = msg.get("header", {})
+        if header.get("error") is not None:
+            code = getattr(header["error"], "code", errno.EIO)
+            if code == errno.ENOBUFS:
+                self._open.lost = True
+                return
+            raise NetlinkError(code, f"nfnetlink: {header['error']}")
+        kind = header.get("type", 0) & 0xFF
+        if kind == _NEWGEN:
+            batch, self._open = self._open, Batch()
+            batch.generation = int(msg.get_attr("NFTA_GEN_ID") or 0)
+            pid = msg.get_attr("NFTA_GEN_PROC_PID")
+            batch.pid = int(pid) if pid is not None else None
+            done.append(batch)
+            return
+        removal = _REMOVALS.get(kind)
+        if removal is not None:
+            family = _FAMILY_NAMES.get(msg.get("nfgen_family", 0), str(msg.get("nfgen_family")))
+            self._open.removed.add((removal[0], family, str(msg.get_attr(removal[1]))))

@@ -26,6 +26,9 @@ namespace (``setns`` on the fd it sent) and binds ``CNI_NETNS`` to the fd the ca
 (:func:`pycni.netns.bound`); the plugin sees the caller's ``CNI_*``/``PYCNI_*`` variables
 (:func:`pycni.sdk.environment`) and its warnings go to the caller's stderr, as they would in an
 exec'd plugin. The wire format is described in :mod:`.shim`.
+
+After each ADD it served, the daemon watches the caller's host namespace and puts pycni's
+nftables state back when a firewall reload removes it (:mod:`.heal`).
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ import attrs
 
 from pycni import netns
 from pycni._version import __version__
-from pycni.sdk import Plugin, builtin_plugin, builtin_plugins, cancel, environment
+from pycni.sdk import Plugin, builtin_plugin, builtin_plugins, cancel, default_state_dir, environment
 from pycni.sdk.skel import respond
 
 from ..kernel import links
+from .heal import Healer
 from .logs import CAPTURED, field, log, logging_to
 from .request import ACCEPTED, Fallback, Gone, Request, error_outcome, receive, result_frame, try_again
 from .sockets import listen, systemd_listener
@@ -99,8 +103,11 @@ def _worker_init() -> None:
 class Daemon:
     """Serves shim requests on ``listener`` until :meth:`stop` (which a signal handler may call)."""
 
-    def __init__(self, listener: socket.socket, *, path: str, owned: bool, limits: Limits | None = None) -> None:
+    def __init__(
+        self, listener: socket.socket, *, path: str, owned: bool, limits: Limits | None = None, heal: bool = True
+    ) -> None:
         self.listener = listener
+        self.healer = Healer() if heal else None
         self.path = path
         self.owned = owned  # we made the socket file (not systemd): remove it when stopping
         self.limits = limits or Limits()
@@ -188,6 +195,8 @@ class Daemon:
                 self._lock.wait(min(0.1, max(0.0, deadline - time.monotonic())))
             left = self._handling
         self._pool.shutdown(wait=False)
+        if self.healer is not None:
+            self.healer.stop()
         if left:
             log.warning("stopped with %d request(s) still running after %gs", left, self.limits.drain)
         else:
@@ -392,9 +401,25 @@ class Daemon:
                 elif request.netns_errno:
                     stack.enter_context(netns.bound(path, None, request.netns_errno))
                 status, out = respond(plugin, request.plugin_type, env, stdin)
+            if status == 0 and env.get("CNI_COMMAND") == "ADD":
+                self._watch(request, env)
         finally:
             CAPTURED.reset(token)
         return status, out, "".join(captured).encode("utf-8", "surrogateescape")
+
+    def _watch(self, request: Request, env: dict[str, str]) -> None:
+        """After a successful ADD: heal the caller's host namespace (``fds[0]``) if the plugin
+        left nftables records in the state dir (resolved from the caller's cwd, which the
+        worker has taken)."""
+        if self.healer is None:
+            return
+        state_dir = os.path.abspath(default_state_dir(env))
+        if not os.path.isdir(os.path.join(state_dir, "nft")):
+            return
+        try:
+            self.healer.watch(request.fds[0], state_dir)
+        except OSError as e:  # out of fds, typically: no healing there until the next ADD
+            log.warning("heal: cannot watch the caller's namespace: %s", e.strerror)
 
 
 def _raise_fd_limit() -> None:
@@ -408,7 +433,7 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def run(path: str, limits: Limits | None = None, stream: TextIO | None = None) -> None:
+def run(path: str, limits: Limits | None = None, stream: TextIO | None = None, *, heal: bool = True) -> None:
     """``pycni serve``: serve in the foreground until SIGTERM/SIGINT, logging to ``stream``."""
     import signal
     import sys
@@ -422,7 +447,7 @@ def run(path: str, limits: Limits | None = None, stream: TextIO | None = None) -
             listener = listen(path)
         else:
             path = listener.getsockname() or path
-        daemon = Daemon(listener, path=path, owned=owned, limits=limits)
+        daemon = Daemon(listener, path=path, owned=owned, limits=limits, heal=heal)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: daemon.stop())
         daemon.serve_forever()

@@ -91,31 +91,33 @@ def test_bridge_deleted_then_old_containers_deleted(world):
     _finish(world, ("a", a), ("b", b))
 
 
+HINT = "; pycni gc --reconcile restores it"
 DAMAGE = {
     "tables deleted": ("delete table inet pycni", "delete table bridge pycni"),
     "ruleset flushed": ("flush ruleset",),
     "tables flushed (rules only)": ("flush table inet pycni", "flush table bridge pycni"),
 }
 CHECK_SAYS = {
-    "tables deleted": "ipMasq: table inet pycni is missing",
-    "ruleset flushed": "ipMasq: table inet pycni is missing",
-    "tables flushed (rules only)": "ipMasq: chain masq_postrouting of table inet pycni has 0 of its 2 rules",
+    "tables deleted": "ipMasq: table inet pycni is missing; pycni gc --reconcile restores it",
+    "ruleset flushed": "ipMasq: table inet pycni is missing; pycni gc --reconcile restores it",
+    "tables flushed (rules only)": "ipMasq: chain masq_postrouting of table inet pycni has 0 of its 2 rules" + HINT,
 }
 
 
 TAIL_CHECK_SAYS = {
     "tables deleted": {
-        "firewall": "expected firewall element {ip} not found in set firewall4; table inet pycni is missing",
-        "portmap": "missing hostport elements in table inet pycni: tcp . {port}, {ip}; table inet pycni is missing",
+        "firewall": "expected firewall element {ip} not found in set firewall4; table inet pycni is missing" + HINT,
+        "portmap": "missing hostport elements in table inet pycni: tcp . {port}, {ip}; table inet pycni is missing"
+        + HINT,
     },
     "tables flushed (rules only)": {
         "firewall": "firewall rules incomplete: chain forward of table inet pycni has 0 of its 4 rules; "
-        "chain forward of table inet pycni has lost its jump to CNI-ADMIN",
+        "chain forward of table inet pycni has lost its jump to CNI-ADMIN; pycni gc --reconcile restores it",
         "portmap": "host ports not published: chain hostports of table inet pycni has 0 of its 4 rules; "
         "chain hostports_prerouting of table inet pycni has 0 of its 1 rules; "
         "chain hostports_output of table inet pycni has 0 of its 1 rules; "
         "chain hostports_postrouting of table inet pycni has 0 of its 2 rules; "
-        "chain hairpin-198_18_64_0_nm24 of table inet pycni has 0 of its 1 rules",
+        "chain hairpin-198_18_64_0_nm24 of table inet pycni has 0 of its 1 rules; pycni gc --reconcile restores it",
     },
 }
 TAIL_CHECK_SAYS["ruleset flushed"] = TAIL_CHECK_SAYS["tables deleted"]
@@ -182,7 +184,7 @@ def test_a_set_emptied_by_someone_else(world):
         world.check("a", a.path)
     assert str(e.value) == (
         f"expected firewall element {ips['a']} not found in set firewall4; "
-        f"element {ips['a']} is missing from set firewall4 of table inet pycni"
+        f"element {ips['a']} is missing from set firewall4 of table inet pycni; pycni gc --reconcile restores it"
     )
     world.reconcile()
     world.check("a", a.path)

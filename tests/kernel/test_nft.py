@@ -201,3 +201,58 @@ def test_symlinked_state_dir_is_refused(host, state_dir, tmp_path):
     with pytest.raises(CNIError, match=r"refusing state dir .*/nft: it is a symlink") as info:
         nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
     assert info.value.code == ErrorCode.IO_FAILURE
+
+
+def test_restore_all_rebuilds_everything_recorded_from_the_records_alone(host, make_netns, state_dir):
+    isolation = layout.isolation_elements("br-heal", isolated=True)
+    fw = [layout.firewall_element(A4.ip)]
+    fw_sections = [layout.FIREWALL, layout.admin_section("NOMAD-ADMIN"), layout.ISOLATION]
+    nft.apply("firewall", ATT, fw, fw_sections, isolation, state_dir=state_dir)
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    gone = Attachment("net1", "c2", "eth0")
+    nft.apply("portmap", gone, _elements(9090, ipaddress.ip_interface("10.88.0.6/16")), SECTIONS, state_dir=state_dir)
+    nft.release("portmap", gone, state_dir=state_dir)
+    # Another host namespace sharing the state dir: its records are not this table's.
+    other, elsewhere = make_netns("other"), Attachment("net2", "c3", "eth0")
+    apply = nft.apply
+    netns.run_in(
+        other.path,
+        lambda: apply(
+            "firewall",
+            elsewhere,
+            [layout.firewall_element(ipaddress.ip_address("10.88.0.9"))],
+            fw_sections[:1],
+            state_dir=state_dir,
+        ),
+    )
+    assert nft.restore_all(state_dir, layout.record_sections) == []  # nothing missing: nothing done
+
+    _nft_elsewhere(host, "flush ruleset")
+    done = nft.restore_all(state_dir, layout.record_sections)
+    assert "repaired: table inet pycni is missing" in done
+    assert sum(d.startswith("restored ") for d in done) == 3, done
+    assert nft.skeleton_problems([*fw_sections, *SECTIONS]) == []
+    assert nft.missing(ATT, [*fw, *_elements()]) == []
+    assert all(nft.holder(e) == "" for e in isolation)  # the shared elements, uncommented
+    assert {k for k, g in nft.attachments(state_dir).items() if g["elements"]} == {ATT.key}  # nor c2 nor c3
+    assert nft.restore_all(state_dir, layout.record_sections) == []
+
+
+def test_the_watcher_sees_who_removed_what(host, state_dir):
+    with nfnl.watching() as watcher:
+        nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+        nft.release("portmap", ATT, state_dir=state_dir)
+        _nft_elsewhere(host, "flush ruleset")
+        batches: list[nfnl.Batch] = []
+        while len(batches) < 4:
+            more = watcher.batches(2.0)
+            assert more, batches
+            batches += more
+    structural = ("table", "chain", "rule", "set")
+    mine = [b for b in batches if b.pid == os.getpid()]
+    assert mine and not any(b.removes(nft.TABLE, structural) for b in mine)
+    assert any(b.removes(nft.TABLE, ("element",)) for b in mine)  # the release
+    flush = batches[-1]
+    assert flush.pid not in (None, os.getpid()) and flush.removes(nft.TABLE, structural), batches
+    assert ("table", "inet", "pycni") in flush.removed
+    assert [b.generation for b in batches] == sorted(b.generation for b in batches)

@@ -18,9 +18,9 @@
 """
 
 from .attach import apply, missing, recorded, release
-from .listing import Found, attachments, collect, gc, map_elements, remove, remove_attachments, restore
+from .listing import Found, attachments, collect, gc, map_elements, remove, remove_attachments, restore, restore_all
 from .ownership import Comment, Element, comment, holder
-from .skeleton import Section, chains, check, ensure, repair, skeleton_problems
+from .skeleton import RECONCILE_HINT, Section, chains, check, ensure, hinted, repair, skeleton_problems
 from .transport import (
     TABLE,
     VERIFY_EVERY,
@@ -67,4 +67,7 @@ __all__ = [
     "check",
     "chains",
     "restore",
+    "restore_all",
+    "RECONCILE_HINT",
+    "hinted",
 ]

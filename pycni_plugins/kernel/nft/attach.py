@@ -118,7 +118,9 @@ def apply(
     old = owned(attachment, loaded)
     wanted = list(dict.fromkeys(elements))
     stale = [e for e in old if e not in wanted]
-    save(store, attachment, owner, [*stale, *(e for e in wanted if e in old)], [e for e in wanted if e not in old])
+    needs = [(s.family, s.sentinel) for s in sections]
+    kept = [*stale, *(e for e in wanted if e in old)]
+    save(store, attachment, owner, kept, [e for e in wanted if e not in old], sections=needs, shared=shared)
     failpoint(f"nft.apply.{owner}.after-record")
     text = comment(attachment, owner)
     extra = [e.add() for e in shared]
@@ -141,7 +143,7 @@ def apply(
         else:
             store.remove(record_name(attachment, owner))
         raise
-    save(store, attachment, owner, wanted)
+    save(store, attachment, owner, wanted, sections=needs, shared=shared)
 
 
 def recorded(owner: str, attachment: Attachment, *, state_dir: str) -> list[Element] | None:

@@ -13,7 +13,7 @@ from pycni.sdk import Attachment
 from ..state import Records
 from .ownership import Comment, Element, comment, filed, holder, reclaim, records
 from .skeleton import Section, ensure, repair
-from .transport import FAMILIES, TABLE, ElementConflict, NftError, NftNotFound, context, error, run
+from .transport import FAMILIES, TABLE, ElementConflict, NftError, NftNotFound, context, error, memo, run
 
 __all__ = [
     "Found",
@@ -24,6 +24,7 @@ __all__ = [
     "collect",
     "gc",
     "restore",
+    "restore_all",
     "search",
     "remove_found",
 ]
@@ -289,35 +290,113 @@ def restore(
     was restored. ``sections_for(elements)`` names the sections they need (created if missing).
     An element whose key someone else holds now is left alone (reported as not restored)."""
     keep = {Attachment(network, cid, ifname).key for cid, ifname in valid}
-    out: list[str] = []
     store = records(state_dir)
-    names = [(name, key) for name, key, of in filed(store) if of == owner and key in keep]
-    present: dict[str, int] = {}
-    if names:
+    chosen = []
+    for name, key, of in filed(store):
+        if of != owner or key not in keep:
+            continue
+        rec = _record(store, name)
+        if rec is not None and rec[0].network == network:
+            chosen.append((key, owner, *rec))
+    return _put_back(store, chosen, lambda _, missing: sections_for(missing))
+
+
+#: A record as :func:`_put_back` takes it: (key, owner, attachment, elements, raw record).
+_Chosen = tuple[str, str, Attachment, list[Element], dict[str, Any]]
+
+
+def _record(store: Records, name: str) -> tuple[Attachment, list[Element], dict[str, Any]] | None:
+    rec = store.load(name)
+    if not isinstance(rec, dict) or not isinstance(rec.get("attachment"), dict):
+        return None
+    try:
+        return Attachment(**rec["attachment"]), [Element.from_json(r) for r in rec.get("elements", ())], rec
+    except (TypeError, ValueError):
+        return None
+
+
+def _put_back(
+    store: Records, chosen: Sequence[_Chosen], sections_for: Callable[[str, list[Element]], Iterable[Section]]
+) -> list[str]:
+    """Add back the missing recorded elements of the ``chosen`` records, each attachment's in
+    one transaction (after ensuring ``sections_for(owner, missing)``); one listing of the tables
+    tells which attachments are short. Returns what was (or could not be) restored."""
+    out: list[str] = []
+    present: dict[tuple[str, str], int] = {}
+    if chosen:
         for f in _listing():  # tells which attachments have all their elements
             parsed = f.parsed
-            if parsed.owner == owner:
-                present[parsed.key] = present.get(parsed.key, 0) + 1
-    for name, key in names:
-        rec = store.load(name)
-        if not isinstance(rec, dict) or not isinstance(rec.get("attachment"), dict):
+            present[(parsed.key, parsed.owner or "")] = present.get((parsed.key, parsed.owner or ""), 0) + 1
+    for key, owner, att, elements, _ in chosen:
+        have = present.get((key, owner), 0)
+        if have >= len(elements):
             continue
-        att = Attachment(**rec["attachment"])
-        if att.network != network:
-            continue
-        elements = [Element.from_json(r) for r in rec.get("elements", ())]
-        if present.get(key, 0) >= len(elements):
-            continue
-        missing = [e for e in elements if holder(e) is None]
-        if not missing:
-            continue
+        text = comment(att, owner)
         who = f"{att.container_id}/{att.ifname}"
-        try:
-            ensure(sections_for(missing), force=True)
-            reclaim(store)
-            run([e.add(comment(att, owner)) for e in missing])
-        except NftError as e:
-            out.append(f"could not restore {len(missing)} {owner} element(s) of {who}: {e.msg}")
-            continue
+        missing = None
+        if have == 0:  # none of them there (a flushed table): no lookup, unless a key is taken
+            try:
+                ensure(sections_for(owner, elements), force=True)
+                reclaim(store)
+                run([e.create(text) for e in elements])
+                missing = elements
+            except ElementConflict:
+                pass
+            except NftError as e:
+                out.append(f"could not restore {len(elements)} {owner} element(s) of {who}: {e.msg}")
+                continue
+        if missing is None:
+            missing = [e for e in elements if holder(e) is None]
+            if not missing:
+                continue
+            try:
+                ensure(sections_for(owner, missing), force=True)
+                reclaim(store)
+                run([e.add(text) for e in missing])
+            except NftError as e:
+                out.append(f"could not restore {len(missing)} {owner} element(s) of {who}: {e.msg}")
+                continue
         out += [f"restored {e.family} {TABLE} {e.set} element {e.key} ({owner}) of {who}" for e in missing]
+    return out
+
+
+def restore_all(
+    state_dir: str, sections_for: Callable[[str, list[Element], list[tuple[str, str]]], Iterable[Section]]
+) -> list[str]:
+    """Heal the calling thread's namespace after someone flushed or deleted pycni's tables:
+    repair the skeleton every record under ``state_dir`` needs and put back every recorded
+    element that is missing, whatever the network, with no plugin config — each record names
+    the sections its elements need (``sections_for(owner, elements, recorded sections)`` turns
+    them into :class:`Section` s) and the shared elements its ADD added. A record of another
+    namespace's table (the namespace cookie it names is not this one's) is left alone. Returns
+    what was repaired and restored (nothing when nothing recorded is missing)."""
+    store = records(state_dir)
+    here = memo().cookie
+    chosen: list[_Chosen] = []
+    sections: list[Section] = []
+    shared: list[Element] = []
+    for name, key, owner in filed(store):
+        rec = _record(store, name)
+        if rec is None:
+            continue
+        att, elements, raw = rec
+        if here is not None and raw.get("netns", here) != here:
+            continue
+        chosen.append((key, owner, att, elements, raw))
+        named = [(str(s[0]), str(s[1])) for s in raw.get("sections", ()) if isinstance(s, list) and len(s) == 2]
+        for section in sections_for(owner, elements, named):
+            if section not in sections:
+                sections.append(section)
+        shared += [Element.from_json(r) for r in raw.get("shared", ())]
+    if not chosen:
+        return []
+    out = [f"repaired: {p}" for p in dict.fromkeys(repair(sections))]
+    if out:
+        reclaim(store)
+    out += _put_back(store, chosen, lambda owner, missing: ())
+    if out and shared:
+        try:
+            run([e.add() for e in dict.fromkeys(shared)])
+        except NftError as e:
+            out.append(f"could not restore {len(shared)} shared element(s): {e.msg}")
     return out

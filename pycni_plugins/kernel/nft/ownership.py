@@ -186,13 +186,37 @@ def load(store: Records, attachment: Attachment, owner: str) -> tuple[list[Eleme
 
 
 def save(
-    store: Records, attachment: Attachment, owner: str, elements: Iterable[Element], pending: Iterable[Element] = ()
+    store: Records,
+    attachment: Attachment,
+    owner: str,
+    elements: Iterable[Element],
+    pending: Iterable[Element] = (),
+    *,
+    sections: Iterable[tuple[str, str]] = (),
+    shared: Iterable[Element] = (),
 ) -> None:
+    """Write the record: the confirmed ``elements``, the ``pending`` ones, and what a heal needs
+    to put them back without the plugin's config (:func:`~.listing.restore_all`): the
+    ``sections`` they need, as (family, sentinel chain), the ``shared`` elements of their ADD,
+    and the cookie of the namespace whose table holds them (a state dir may serve several)."""
     if _epoch(store) is None:
         claim(store)
-    record = {"attachment": attrs.asdict(attachment), "owner": owner, "elements": [e.to_json() for e in elements]}
+    record: dict[str, Any] = {
+        "attachment": attrs.asdict(attachment),
+        "owner": owner,
+        "elements": [e.to_json() for e in elements],
+    }
     if pending:
         record["pending"] = [e.to_json() for e in pending]
+    needs = [list(s) for s in sections]
+    if needs:
+        record["sections"] = needs
+    extra = [e.to_json() for e in shared]
+    if extra:
+        record["shared"] = extra
+    cookie = memo().cookie
+    if cookie is not None:
+        record["netns"] = cookie
     store.store(record_name(attachment, owner), record)
 
 

@@ -27,7 +27,7 @@ from .. import nfnl
 from .ownership import Comment, Element, holder
 from .transport import READ_RETRIES, TABLE, VERIFY_EVERY, ElementConflict, NftError, memo, run, table
 
-__all__ = ["Section", "ensure", "repair", "skeleton_problems", "chains", "check"]
+__all__ = ["Section", "ensure", "repair", "skeleton_problems", "chains", "check", "RECONCILE_HINT", "hinted"]
 
 _RULE = re.compile(r"(?:add|insert) rule (\S+) \S+ (\S+) ")
 _JUMP = re.compile(r" jump (\S+)$")
@@ -249,3 +249,17 @@ def check(attachment: Attachment, elements: Iterable[Element], sections: Iterabl
             return f"{kind} {e.set} of {where} is missing"
         return f"element {e.key} is missing from {kind} {e.set} of {where}"
     return None
+
+
+#: How a CHECK that finds pycni's own state missing ends (``pycni serve`` heals it by itself).
+RECONCILE_HINT = "pycni gc --reconcile restores it"
+
+
+def hinted(*parts: str, about: str = "") -> str:
+    """CHECK's details: ``parts`` (more of what is missing), joined, ending with
+    :data:`RECONCILE_HINT` — unless they or ``about`` (the message they detail) say another
+    attachment holds a key, which reconciling leaves alone."""
+    text = "; ".join(p for p in parts if p)
+    if "belongs to another attachment" in f"{about} {text}":
+        return text
+    return f"{text}; {RECONCILE_HINT}" if text else RECONCILE_HINT

@@ -109,6 +109,8 @@ class Memo:
     #: iptables, br_netfilter's sysctls and the uplinks by the monotonic time they were read at.
     host_filters: tuple[int, Any] | None = None
     host_legacy: tuple[float, Any] | None = None
+    #: The namespace's cookie (never reused while the machine runs); ``None`` where the kernel has none.
+    cookie: int | None = None
 
     def stale(self, now: float) -> bool:
         times = [*self.ensured.values(), *(t for t, _ in self.authoritative.values())]
@@ -141,7 +143,7 @@ def _shared_memo() -> Memo:
             now = time.monotonic()
             for old in [c for c, m in _memos.items() if m.stale(now)]:
                 del _memos[old]
-            memo = _memos[cookie] = Memo()
+            memo = _memos[cookie] = Memo(cookie=cookie)
         return memo
 
 
