@@ -1,0 +1,284 @@
+"""The iptables compatibility step (issue 20, point 2): on Docker hosts (iptables-nft and legacy)
+pycni's containers reach the outside, are reached on their host ports and reach each other, with
+pycni's accepts in the host's own iptables flavour; nothing of it is left after the last DEL or
+a GC; ``"iptablesCompat": "always"`` forces it (``"backend": "iptables"``, which Nomad always
+writes, does not); a plain host runs no iptables tool."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pycni import netns
+from pycni.config import conflist_from_bytes
+from pycni.errors import CNIError
+from pycni.runtime import Runtime
+from pycni.sdk import GCAttachment
+from pycni.testing import probes
+from pycni_plugins import nomad
+from pycni_plugins.kernel import iptables
+
+from .conftest import BRIDGE, HOST_UPLINK, OUTSIDE, SUBNET, World
+from .profiles import DOCKER_LEGACY, DOCKER_NFT, PLAIN, in_ns
+
+pytestmark = pytest.mark.privileged
+
+ECHO_PORT = 7007
+DOCKER = [DOCKER_NFT, DOCKER_LEGACY]
+
+
+def _flavour(world: World) -> str:
+    return "legacy" if world.profile is DOCKER_LEGACY else "nft"
+
+
+def _save(world: World, flavour: str | None = None) -> tuple[str, str]:
+    """``iptables-<flavour>-save -t filter`` in the host namespace: (stdout without the dated
+    comments and counters, stderr)."""
+    tool = f"iptables-{flavour or _flavour(world)}-save"
+    done = subprocess.run(
+        ["nsenter", f"--net={world.host}", tool, "-t", "filter"], capture_output=True, text=True, timeout=30, check=True
+    )
+    lines = [re.sub(r"\[\d+:\d+\]", "", ln) for ln in done.stdout.splitlines() if not ln.startswith("#")]
+    return "\n".join(lines), done.stderr
+
+
+def _admin_rule(world: World) -> None:
+    """What Nomad's bridge configurator does before every setup (``ensureForwardingRules``)."""
+    netns.run_in(world.host, nomad.ensure_forwarding_rules, "NOMAD-ADMIN", BRIDGE, SUBNET)
+
+
+def _pycni_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if "PYCNI" in ln]
+
+
+@pytest.mark.parametrize("profile", DOCKER, ids=lambda p: p.name, indirect=True)
+def test_docker_hosts_get_egress_host_ports_and_container_to_container(world: World) -> None:
+    before = world.profile.ruleset(world.host)
+    _admin_rule(world)
+    rt1, ip1 = world.container("c1", [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}])
+    rt2, ip2 = world.container("c2")
+    try:
+        save, warnings = _save(world)
+        assert warnings == ""
+        assert '-A FORWARD -m comment --comment "pycni forward" -j PYCNI-FORWARD' in save
+        assert save.index("-j PYCNI-FORWARD") < save.index("-j DOCKER-USER")  # at the top of FORWARD
+        ours = [ln for ln in save.splitlines() if ln.startswith("-A PYCNI-FORWARD")]
+        assert (
+            f'-A PYCNI-FORWARD -d {SUBNET} -o {BRIDGE} -m comment --comment "pycni admin NOMAD-ADMIN" -j ACCEPT' in ours
+        )
+        for ip in (ip1, ip2):
+            assert any(f"-s {ip}/32 " in ln for ln in ours)
+            assert any(f"-d {ip}/32 -m conntrack --ctstate RELATED,ESTABLISHED" in ln for ln in ours)
+        assert len(ours) == 5
+        # The host's own rules are unchanged but for pycni's jump and chain.
+        now = world.profile.ruleset(world.host)
+        assert _without_pycni(now) == _without_pycni(before)
+        world.runtime.check_network_list(world.network, rt1)
+
+        with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE) as server:
+            assert probes.tcp_echo(rt1.netns, OUTSIDE, ECHO_PORT, timeout=2)
+            assert server.peers == [HOST_UPLINK]  # masqueraded
+        assert probes.ping(rt1.netns, OUTSIDE, timeout=2)
+        with probes.TCPEchoServer(rt1.netns, 80, host="0.0.0.0"):
+            assert probes.tcp_echo(world.outside, HOST_UPLINK, 8080, timeout=2)  # DNAT'd host port
+        with probes.TCPEchoServer(rt2.netns, ECHO_PORT, host="0.0.0.0"):
+            assert probes.tcp_echo(rt1.netns, ip2, ECHO_PORT, timeout=2)
+        with probes.TCPEchoServer(rt1.netns, ECHO_PORT, host="0.0.0.0"):
+            assert probes.tcp_echo(rt2.netns, ip1, ECHO_PORT, timeout=2)
+
+        world.runtime.delete_network_list(world.network, rt2)
+        ours = [ln for ln in _save(world)[0].splitlines() if ln.startswith("-A PYCNI-FORWARD")]
+        assert len(ours) == 3 and not any(ip2 + "/32" in ln for ln in ours)
+    finally:
+        world.runtime.delete_network_list(world.network, rt2)
+        world.runtime.delete_network_list(world.network, rt1)
+    after, warnings = _save(world)
+    assert _pycni_lines(after) == [] and warnings == ""
+    assert world.profile.ruleset(world.host) == before
+    assert os.listdir(Path(world.runtime.state_dir) / "iptables") == [".lock"]
+
+
+def _without_pycni(ruleset: str) -> str:
+    """A ruleset without pycni's iptables chain and jump (nft listing or legacy save)."""
+    out: list[str] = []
+    skip = False
+    for line in ruleset.splitlines():
+        s = line.strip()
+        if s.startswith("chain PYCNI-FORWARD"):
+            skip = True
+        if s and not skip and "PYCNI-FORWARD" not in s and '"pycni forward"' not in s:
+            out.append(line)
+        if skip and s == "}":
+            skip = False
+    return "\n".join(out)
+
+
+def _other_runtime(world: World, tmp_path: Path) -> Runtime:
+    """A runtime with its own cache and the world's state dir: what it ADDs, the world's
+    runtime does not remember (as after a crash before the cache write)."""
+    return Runtime(
+        [],
+        cache_dir=str(tmp_path / "other-cache"),
+        state_dir=world.runtime.state_dir,
+        backend="inprocess",
+        host_netns=world.host,
+    )
+
+
+@pytest.mark.parametrize("profile", DOCKER, ids=lambda p: p.name, indirect=True)
+def test_gc_removes_a_dead_attachments_rules_and_reconcile_puts_lost_ones_back(world: World, tmp_path: Path) -> None:
+    before = world.profile.ruleset(world.host)
+    net = world.network_at("1.1.0")
+    rt1, ip1 = world.container("c1")
+    main, world.runtime = world.runtime, _other_runtime(world, tmp_path)
+    rt2, ip2 = world.container("c2")
+    world.runtime = main
+    try:
+        # c2 is unknown to the runtime: the plugins' GC with only c1 valid takes its rules.
+        report = world.runtime.reconcile_network_list(net)
+        assert any("iptables rules of c2/eth0" in r for r in report.collected), report
+        ours = [ln for ln in _save(world)[0].splitlines() if ln.startswith("-A PYCNI-FORWARD")]
+        assert any(ip1 + "/32" in ln for ln in ours) and not any(ip2 + "/32" in ln for ln in ours)
+        # A lost rule of a valid attachment: CHECK names it, GC puts it back.
+        tool = f"iptables-{_flavour(world)}"
+        line = next(ln for ln in ours if f"-s {ip1}/32" in ln)
+        in_ns(world.host, "sh", "-c", f"{tool} -w -D {line[3:]}")
+        with pytest.raises(CNIError, match="expected iptables rule not found|drops forwarded traffic"):
+            world.runtime.check_network_list(world.network, rt1)
+        world.runtime.reconcile_network_list(net)  # `pycni gc --reconcile`
+        world.runtime.check_network_list(world.network, rt1)
+        with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE):
+            assert probes.tcp_echo(rt1.netns, OUTSIDE, ECHO_PORT, timeout=2)
+    finally:
+        world.runtime.delete_network_list(world.network, rt1)
+        world.runtime.delete_network_list(world.network, rt2)
+    assert _pycni_lines(_save(world)[0]) == []
+    assert world.profile.ruleset(world.host) == before
+
+
+@pytest.mark.parametrize("profile", DOCKER, ids=lambda p: p.name, indirect=True)
+def test_gc_of_the_last_attachment_removes_the_chain(world: World, tmp_path: Path) -> None:
+    before = world.profile.ruleset(world.host)
+    main, world.runtime = world.runtime, _other_runtime(world, tmp_path)
+    world.container("c1")
+    main.gc_network_list(world.network_at("1.1.0"), [])
+    assert _pycni_lines(_save(world)[0]) == []
+    assert world.profile.ruleset(world.host) == before
+
+
+def _forced(world: World) -> Any:
+    conf = json.loads(world.conflist)
+    for plugin in conf["plugins"]:
+        if plugin["type"] == "firewall":
+            plugin["iptablesCompat"] = "always"
+    return conflist_from_bytes(json.dumps(conf).encode())
+
+
+@pytest.mark.parametrize("profile", [PLAIN], ids=lambda p: p.name, indirect=True)
+def test_iptables_compat_always_forces_the_step_on_a_plain_host(world: World) -> None:
+    before = world.profile.ruleset(world.host)
+    network = _forced(world)
+    _admin_rule(world)
+    world.network = network
+    rt1, ip1 = world.container("c1", [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}])
+    try:
+        save, warnings = _save(world, "nft")
+        assert warnings == ""
+        assert any(f"-A PYCNI-FORWARD -s {ip1}/32" in ln for ln in save.splitlines())
+        world.runtime.check_network_list(network, rt1)
+        with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE):
+            assert probes.tcp_echo(rt1.netns, OUTSIDE, ECHO_PORT, timeout=2)
+        with probes.TCPEchoServer(rt1.netns, 80, host="0.0.0.0"):
+            assert probes.tcp_echo(world.outside, HOST_UPLINK, 8080, timeout=2)
+    finally:
+        world.runtime.delete_network_list(network, rt1)
+    assert world.profile.ruleset(world.host) == before  # even iptables-nft's table is gone
+
+
+@pytest.mark.parametrize("profile", [PLAIN], ids=lambda p: p.name, indirect=True)
+def test_a_plain_host_runs_no_iptables_tool(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess as sp
+
+    ran: list[Any] = []
+    real = sp.Popen.__init__
+
+    def spy(self: Any, args: Any, *a: Any, **kw: Any) -> None:
+        ran.append(args)
+        real(self, args, *a, **kw)
+
+    monkeypatch.setattr(sp.Popen, "__init__", spy)
+    _admin_rule(world)
+    rt, _ = world.container("c1", [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}])
+    world.runtime.check_network_list(world.network, rt)
+    world.runtime.gc_network_list(world.network_at("1.1.0"), [GCAttachment("c1", "eth0")])
+    world.runtime.delete_network_list(world.network, rt)
+    assert ran == [], ran
+    assert not (Path(world.runtime.state_dir) / "iptables").exists()
+
+
+@pytest.mark.parametrize("profile", DOCKER, ids=lambda p: p.name, indirect=True)
+def test_shims_take_the_same_step(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The installed plugins, exec'd without the daemon, run the host's iptables tools in the
+    host namespace they were exec'd in."""
+    from pycni_plugins.install import install
+
+    monkeypatch.setenv("PYCNI_DAEMON", "off")
+    bindir = tmp_path / "bin"
+    install(str(bindir), ["loopback", "bridge", "host-local", "firewall", "portmap"])
+    runtime = Runtime(
+        [str(bindir)],
+        cache_dir=str(tmp_path / "exec-cache"),
+        state_dir=world.runtime.state_dir,
+        backend="exec",
+        host_netns=world.host,
+    )
+    before = world.profile.ruleset(world.host)
+    world.runtime = runtime
+    rt, ip = world.container("x1")
+    try:
+        assert any(f"-s {ip}/32" in ln for ln in _save(world)[0].splitlines())
+        runtime.check_network_list(world.network, rt)
+        with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE):
+            assert probes.tcp_echo(rt.netns, OUTSIDE, ECHO_PORT, timeout=2)
+    finally:
+        runtime.delete_network_list(world.network, rt)
+    assert world.profile.ruleset(world.host) == before
+
+
+def test_parse_admin_rules_of_pycnis_admin_chain() -> None:
+    objs: list[dict[str, Any]] = [
+        {
+            "rule": {
+                "expr": [
+                    {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": "nomad"}},
+                    {
+                        "match": {
+                            "op": "==",
+                            "left": {"payload": {"protocol": "ip", "field": "daddr"}},
+                            "right": {"prefix": {"addr": "198.18.64.0", "len": 20}},
+                        }
+                    },
+                    {"counter": {"name": "x"}},
+                    {"accept": None},
+                ]
+            }
+        },
+        {
+            "rule": {
+                "expr": [
+                    {"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": "nomad"}},
+                    {"drop": None},
+                ]
+            }
+        },
+    ]
+    import ipaddress
+
+    assert iptables.admin_rules(objs, "nomad") == [("nomad", ipaddress.ip_network("198.18.64.0/20"))]
+    assert iptables.admin_rules(objs, "other") == []
