@@ -216,41 +216,50 @@ def _record_places(record: Any) -> list[iptables.Place]:
     return [p for p in found if p is not None]
 
 
-def _apply_record(record: dict[str, Any], filters: list[hostfw.Filter] | None = None) -> None:
+def _apply_record(record: dict[str, Any], tables: dict[iptables.Place, iptables.Table] | None = None) -> None:
     for place in _record_places(record):
-        exists = True if filters is None else iptables.table_exists(place, filters)
         rules = _rules(place, record["addresses"], record["admin"], record["comment"])
-        iptables.apply(place, rules, exists)
+        iptables.apply(place, rules, (tables or {}).get(place))
 
 
 def _compat_add(request: PluginRequest, prev: Result, admin: str, forced: bool) -> None:
-    """The iptables compatibility step of ADD, where the host's iptables needs it."""
-    filters = hostfw.filters()
-    if not forced and not any(f.iptables for f in filters):
-        return  # no iptables table: nothing of iptables can drop, no tool runs
+    """The iptables compatibility step of ADD, where the host's iptables needs it: a filter
+    table with Docker's chains, a drop policy or pycni's chain already, else one the judge says
+    drops or may drop the attachment's traffic; with ``forced``, every one (iptables-nft's where
+    there is none)."""
     versions = {ip.address.version for ip in prev.ips}
-    bridge = _host_side(prev)
-    findings: list[hostfw.Finding] = []
-    if bridge and not forced:
-        target = hostfw.Target(bridge, tuple(ip.address.network for ip in prev.ips))
-        findings = hostfw.inspect(target, ("egress", "replies", "bridged"))
-    wanted = iptables.places(filters, findings, versions, forced)
-    if not wanted:
-        return
+    candidates = iptables.present(versions)
+    if not candidates and not forced:
+        return  # no iptables table: nothing of iptables can drop, no tool runs
     att = attachment(request)
-    admin_rules = [[i, str(n), admin] for i, n in iptables.nft_admin_rules(admin, bridge)] if bridge else []
-    record = {
-        "network": att.network,
-        "container_id": att.container_id,
-        "ifname": att.ifname,
-        "comment": nft.comment(att, _OWNER),
-        "places": [p.to_json() for p in wanted],
-        "addresses": [str(ip.address) for ip in prev.ips],
-        "admin": admin_rules,
-    }
-    Records(_RECORDS, request.state_dir).store(att.key, record)  # before the rules: DEL finds them
+    bridge = _host_side(prev)
     with iptables.locked(request.state_dir):
-        _apply_record(record, filters)
+        tables = {p: iptables.look(p) for p in candidates}
+        wanted = {p for p, t in tables.items() if t.exists and (forced or t.needs())}
+        undecided = [p for p, t in tables.items() if t.exists and p not in wanted]
+        if undecided and bridge:
+            target = hostfw.Target(bridge, tuple(ip.address.network for ip in prev.ips))
+            findings = hostfw.inspect(target, ("egress", "replies", "bridged"))
+            wanted.update(p for p in undecided if any(f.where.startswith(p.where + " ") for f in findings))
+        if forced:
+            for version in versions - {p.version for p in wanted}:
+                place = iptables.Place(version, "nft")
+                wanted.add(place)
+                tables[place] = iptables.look(place)
+        if not wanted:
+            return
+        admin_rules = [[i, str(n), admin] for i, n in iptables.nft_admin_rules(admin, bridge)] if bridge else []
+        record = {
+            "network": att.network,
+            "container_id": att.container_id,
+            "ifname": att.ifname,
+            "comment": nft.comment(att, _OWNER),
+            "places": [p.to_json() for p in sorted(wanted)],
+            "addresses": [str(ip.address) for ip in prev.ips],
+            "admin": admin_rules,
+        }
+        Records(_RECORDS, request.state_dir).store(att.key, record)  # before the rules: DEL finds them
+        _apply_record(record, tables)
 
 
 def _of_key(key: str) -> Callable[[str], bool]:
@@ -264,8 +273,12 @@ def _compat_del(request: PluginRequest, att: Attachment | None = None) -> None:
     record = records.load(att.key)
     if record is None:
         return
+    hosts = [ipaddress.ip_interface(a) for a in record.get("addresses", ())]
     with iptables.locked(request.state_dir):
         for place in _record_places(record):
+            mine = [ipaddress.ip_network(f"{h.ip}/{h.max_prefixlen}") for h in hosts if h.version == place.version]
+            if place.flavour == "nft" and iptables.remove_nft_fast(place, mine):
+                continue
             iptables.remove(place, _of_key(att.key))
     records.remove(att.key)
 
@@ -307,8 +320,7 @@ def _compat_gc(request: PluginRequest, valid: set[tuple[str, str]], dry: bool) -
                     for place in _record_places(record):
                         iptables.remove(place, _of_key(name))
                 records.remove(name)
-    filters = hostfw.filters()
-    places.update(p for f in filters if iptables.CHAIN in f.chains and (p := iptables.place_of(f)) is not None)
+    places.update(iptables.present())
     safe = nft.Comment.of(Attachment(network, "", ""), _OWNER).network
 
     def stray(text: str) -> bool:

@@ -37,6 +37,7 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import attrs
 
@@ -49,12 +50,15 @@ __all__ = [
     "JUMP_COMMENT",
     "Place",
     "IptablesError",
-    "places",
     "place_of",
     "admin_rules",
     "Rules",
     "read",
     "apply",
+    "remove_nft_fast",
+    "Table",
+    "look",
+    "present",
     "remove",
     "missing",
     "loaded",
@@ -62,7 +66,6 @@ __all__ = [
     "nft_admin_rules",
     "attachment_rules",
     "admin_tokens",
-    "table_exists",
     "comment_of",
     "parse_save",
 ]
@@ -116,29 +119,6 @@ def place_of(f: hostfw.Filter) -> Place | None:
     if not f.iptables or f.version not in (4, 6):
         return None
     return Place(f.version, "legacy" if f.where.startswith(("iptables-legacy", "ip6tables-legacy")) else "nft")
-
-
-def places(
-    filters: Sequence[hostfw.Filter], findings: Sequence[hostfw.Finding], versions: Iterable[int], forced: bool
-) -> list[Place]:
-    """Where an attachment with addresses of ``versions`` needs the compatibility rules: each
-    iptables ``filter`` (of the host's filters, :func:`hostfw.filters`) that a finding of the
-    judge names (its ``FORWARD`` drops or may drop the attachment's traffic), that has Docker's
-    ``DOCKER-USER`` or already pycni's chain; with ``forced`` (``"backend": "iptables"``), every
-    iptables filter of those versions, and iptables-nft's where there is none."""
-    wanted = set(versions)
-    out: set[Place] = set()
-    for f in filters:
-        place = place_of(f)
-        if place is None or place.version not in wanted:
-            continue
-        named = any(x.where.startswith(f.where + " ") for x in findings)
-        if forced or named or CHAIN in f.chains or "DOCKER-USER" in f.chains:
-            out.add(place)
-    if forced:
-        for version in wanted - {p.version for p in out}:
-            out.add(Place(version, "nft"))
-    return sorted(out)
 
 
 def admin_rules(objs: Sequence[dict[str, object]], interface: str) -> list[tuple[str, IPNetwork]]:
@@ -306,21 +286,185 @@ def admin_tokens(interface: str, net: IPNetwork, chain: str) -> tuple[str, ...]:
     return ("-d", str(net), "-o", interface, "-m", "comment", "--comment", f"{ADMIN_COMMENT} {chain}", "-j", "ACCEPT")
 
 
-def apply(place: Place, rules: Sequence[tuple[str, ...]], table_exists: bool = True) -> list[tuple[str, ...]]:
-    """Make sure the jump, the chain and ``rules`` (token tuples) are in ``place``: one batch with
-    what is missing. Returns the rules added."""
-    current = read(place) if table_exists else Rules(frozenset(), {})
+#: What pycni's rules are told apart by (comments aside): source or destination (``s``/``d``),
+#: the network, whether a conntrack match is there, the output interface.
+Sig = tuple[str, str, bool, str]
+
+
+def _sig_of_tokens(tokens: Sequence[str]) -> Sig:
+    field, net, ct, oif = "", "", False, ""
+    for i, t in enumerate(tokens[:-1]):
+        if t in ("-s", "-d"):
+            field, net = t[1], _norm(tokens[i + 1])
+        elif t == "-o":
+            oif = tokens[i + 1]
+        elif t in ("--ctstate", "--state"):
+            ct = True
+    return field, net, ct, oif
+
+
+def _norm(text: str) -> str:
+    try:
+        return str(ipaddress.ip_network(text, strict=False))
+    except ValueError:
+        return text
+
+
+def _sig_of_nft(rule: dict[str, Any]) -> Sig:
+    field, net, ct, oif = "", "", False, ""
+    for e in rule.get("expr", ()):
+        if not isinstance(e, dict):
+            continue
+        m = e.get("match")
+        if isinstance(m, dict) and isinstance(m.get("left"), dict):
+            left, right = m["left"], m.get("right")
+            if left.get("payload", {}).get("field") in ("saddr", "daddr"):
+                got = _prefix(right)
+                field, net = left["payload"]["field"][0], str(got) if got is not None else str(right)
+            elif left.get("meta", {}).get("key") == "oifname":
+                oif = str(right)
+        elif isinstance(e.get("xt"), dict) and e["xt"].get("name") in ("conntrack", "state"):
+            ct = True
+    return field, net, ct, oif
+
+
+@attrs.frozen
+class Table:
+    """What the compatibility step needs of a ``filter`` table: whether it exists, its chains,
+    ``FORWARD``'s policy, whether ``FORWARD`` jumps to pycni's chain, and that chain's rules."""
+
+    exists: bool
+    chains: frozenset[str] = frozenset()
+    policy: str = ""
+    jumped: bool = False
+    ours: tuple[Sig, ...] = ()
+
+    def needs(self) -> bool:
+        """Docker's chains, a drop policy, or pycni's chain already: the step is wanted."""
+        return CHAIN in self.chains or "DOCKER-USER" in self.chains or self.policy == "drop"
+
+
+def look(place: Place) -> Table:
+    """``place``'s ``filter`` table in the calling thread's namespace: iptables-nft's through
+    libnftables (in-process, exact), legacy's with ``<tool>-save`` (only where it is loaded)."""
+    if place.flavour == "legacy":
+        if not loaded(place):
+            return Table(False)
+        text = _run([place.tool("-save"), "-t", "filter"])
+        rules = parse_save(text)
+        policy = next((ln.split()[1].lower() for ln in text.splitlines() if ln.startswith(":FORWARD ")), "")
+        return Table(True, rules.chains, policy, bool(rules.jumps), tuple(_sig_of_tokens(r) for r in rules.ours()))
+    from .nft.transport import context
+
+    family = "ip" if place.version == 4 else "ip6"
+    rc, out, _ = context().json_cmd({"nftables": [{"list": {"table": {"family": family, "name": "filter"}}}]})
+    if rc != 0:
+        return Table(False)
+    chains: set[str] = set()
+    policy, jumped, ours = "", False, []
+    for o in (out or {}).get("nftables", ()):
+        if not isinstance(o, dict):
+            continue
+        if isinstance(o.get("chain"), dict):
+            c = o["chain"]
+            chains.add(str(c.get("name")))
+            if c.get("name") == "FORWARD":
+                policy = str(c.get("policy", ""))
+        elif isinstance(o.get("rule"), dict):
+            r = o["rule"]
+            if r.get("chain") == "FORWARD":
+                jumped = jumped or any(
+                    isinstance(e, dict) and (e.get("jump") or e.get("goto") or {}).get("target") == CHAIN
+                    for e in r.get("expr", ())
+                )
+            elif r.get("chain") == CHAIN:
+                ours.append(_sig_of_nft(r))
+    return Table(True, frozenset(chains), policy, jumped, tuple(ours))
+
+
+def apply(place: Place, rules: Sequence[tuple[str, ...]], table: Table | None = None) -> list[tuple[str, ...]]:
+    """Make sure the jump, the chain and ``rules`` (token tuples) are in ``place``: one
+    ``-restore --noflush`` batch with what is missing of them in ``table`` (:func:`look`, read
+    now if not given). Returns the rules added."""
+    table = table if table is not None else look(place)
+    have = set(table.ours)
+    added = [r for r in dict.fromkeys(rules) if _sig_of_tokens(r) not in have]
     lines: list[str] = []
-    if CHAIN not in current.chains:
+    if CHAIN not in table.chains:
         lines.append(f":{CHAIN} - [0:0]")
-    if not current.jumps:
-        note = JUMP_COMMENT if table_exists else JUMP_COMMENT_CREATED
+    if not table.jumped:
+        note = JUMP_COMMENT if table.exists else JUMP_COMMENT_CREATED
         lines.append(f"-I FORWARD 1 -m comment --comment {_quote(note)} -j {CHAIN}")
-    have = set(current.ours())
-    added = [r for r in dict.fromkeys(rules) if r not in have]
     lines += [f"-A {CHAIN} {_line(r)}" for r in added]
     _restore(place, lines)
     return added
+
+
+def present(versions: Iterable[int] = (4, 6)) -> list[Place]:
+    """The iptables ``filter`` tables of the calling thread's namespace: iptables-nft's (``table
+    ip filter``/``ip6 filter``) and loaded legacy ones. Cheap (one ``list tables``, two small
+    reads): a host without them runs no iptables tool and no fuller read. Only IP ``versions``."""
+    from .nft.transport import context
+
+    wanted = set(versions)
+    out_places = [p for p in (Place(4, "legacy"), Place(6, "legacy")) if p.version in wanted and loaded(p)]
+    rc, out, _ = context().json_cmd({"nftables": [{"list": {"tables": None}}]})
+    if rc == 0:
+        for o in (out or {}).get("nftables", ()):
+            t = o.get("table") if isinstance(o, dict) else None
+            if isinstance(t, dict) and t.get("family") in ("ip", "ip6") and t.get("name") == "filter":
+                place = Place(4 if t["family"] == "ip" else 6, "nft")
+                if place.version in wanted:
+                    out_places.append(place)
+    return sorted(out_places)
+
+
+def remove_nft_fast(place: Place, hosts: Sequence[IPNetwork]) -> bool:
+    """Delete an attachment's rules (those matching its ``hosts`` as source or destination) from
+    iptables-nft's chain by handle, in-process, in one transaction — unless they are the last
+    attachment rules (then False: :func:`remove` takes the chain and jump too). False too
+    when the chain cannot be listed."""
+    from .nft.transport import context
+
+    family = "ip" if place.version == 4 else "ip6"
+    ctx = context()
+    rc, out, _ = ctx.json_cmd({"nftables": [{"list": {"chain": {"family": family, "table": "filter", "name": CHAIN}}}]})
+    if rc != 0:
+        return False
+    mine: list[int] = []
+    others = 0
+    for o in (out or {}).get("nftables", ()):
+        rule = o.get("rule") if isinstance(o, dict) else None
+        if not isinstance(rule, dict):
+            continue
+        exprs = [e for e in rule.get("expr", ()) if isinstance(e, dict)]
+        admin = any(e.get("match", {}).get("left", {}).get("meta", {}).get("key") == "oifname" for e in exprs)
+        addrs = {
+            str(e["match"].get("right"))
+            for e in exprs
+            if isinstance(e.get("match", {}).get("left"), dict)
+            and e["match"]["left"].get("payload", {}).get("field") in ("saddr", "daddr")
+        }
+        if admin:
+            continue
+        if addrs and addrs <= {str(h.network_address) for h in hosts}:
+            mine.append(int(rule["handle"]))
+        else:
+            others += 1
+    if not others:
+        return False
+    if mine:
+        rc, _, err = ctx.json_cmd(
+            {
+                "nftables": [
+                    {"delete": {"rule": {"family": family, "table": "filter", "chain": CHAIN, "handle": h}}}
+                    for h in mine
+                ]
+            }
+        )
+        if rc != 0:
+            return False
+    return True
 
 
 def remove(place: Place, doomed: Callable[[str], bool], keep_last: bool = False) -> list[tuple[str, ...]]:
@@ -373,11 +517,6 @@ def missing(place: Place, rules: Sequence[tuple[str, ...]]) -> list[str]:
     have = set(current.ours())
     out += [f"{tool} -A {CHAIN} {_line(r)}" for r in rules if r not in have]
     return out
-
-
-def table_exists(place: Place, filters: Sequence[hostfw.Filter]) -> bool:
-    """Whether ``place``'s filter table is there already (else iptables-nft creates it)."""
-    return place.flavour == "legacy" or any(place_of(f) == place for f in filters)
 
 
 def loaded(place: Place) -> bool:
