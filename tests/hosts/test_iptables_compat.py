@@ -282,3 +282,47 @@ def test_parse_admin_rules_of_pycnis_admin_chain() -> None:
 
     assert iptables.admin_rules(objs, "nomad") == [("nomad", ipaddress.ip_network("198.18.64.0/20"))]
     assert iptables.admin_rules(objs, "other") == []
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("profile", [DOCKER_NFT], ids=lambda p: p.name, indirect=True)
+@pytest.mark.parametrize("impl", ["go", "pycni"])
+def test_side_by_side_with_the_go_plugins(world: World, tmp_path: Path, impl: str) -> None:
+    """The Go chain (exec'd from /usr/lib/cni, with Nomad's admin rule in iptables as Nomad
+    writes it for them) and pycni's (in-process, Nomad's admin rule through the hook) on the
+    same Docker host: the same three flows pass."""
+    from tests.conftest import REFERENCE_PLUGIN_DIR
+
+    if impl == "go":
+        if not os.path.exists(f"{REFERENCE_PLUGIN_DIR}/firewall"):
+            pytest.skip("no reference plugins")
+        world.runtime = Runtime(
+            [REFERENCE_PLUGIN_DIR],
+            cache_dir=str(tmp_path / "go-cache"),
+            state_dir=world.runtime.state_dir,
+            backend="exec",
+            host_netns=world.host,
+        )
+        in_ns(world.host, "iptables-nft", "-w", "-N", "NOMAD-ADMIN")
+        in_ns(world.host, "iptables-nft", "-w", "-A", "NOMAD-ADMIN", "-o", BRIDGE, "-d", SUBNET, "-j", "ACCEPT")
+    else:
+        _admin_rule(world)
+    rt1, ip1 = world.container("c1", [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}])
+    rt2, ip2 = world.container("c2")
+    try:
+        with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE) as server:
+            assert probes.tcp_echo(rt1.netns, OUTSIDE, ECHO_PORT, timeout=2)
+            assert server.peers == [HOST_UPLINK]
+        assert probes.ping(rt1.netns, OUTSIDE, timeout=2)
+        with probes.TCPEchoServer(rt1.netns, 80, host="0.0.0.0"):
+            assert probes.tcp_echo(world.outside, HOST_UPLINK, 8080, timeout=2)
+        with probes.TCPEchoServer(rt2.netns, ECHO_PORT, host="0.0.0.0"):
+            assert probes.tcp_echo(rt1.netns, ip2, ECHO_PORT, timeout=2)
+        save, warnings = _save(world)
+        assert warnings == ""
+        chain = "CNI-FORWARD" if impl == "go" else "PYCNI-FORWARD"
+        assert save.splitlines().index(f":{chain} - ") >= 0
+        assert next(ln for ln in save.splitlines() if ln.startswith("-A FORWARD")).endswith(f"-j {chain}")
+    finally:
+        world.runtime.delete_network_list(world.network, rt2)
+        world.runtime.delete_network_list(world.network, rt1)
