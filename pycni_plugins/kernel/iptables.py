@@ -385,19 +385,29 @@ def look(place: Place) -> Table:
 def apply(place: Place, rules: Sequence[tuple[str, ...]], table: Table | None = None) -> list[tuple[str, ...]]:
     """Make sure the jump, the chain and ``rules`` (token tuples) are in ``place``: one
     ``-restore --noflush`` batch with what is missing of them in ``table`` (:func:`look`, read
-    now if not given). Returns the rules added."""
-    table = table if table is not None else look(place)
-    have = set(table.ours)
-    added = [r for r in dict.fromkeys(rules) if _sig_of_tokens(r) not in have]
-    lines: list[str] = []
-    if CHAIN not in table.chains:
-        lines.append(f":{CHAIN} - [0:0]")
-    if not table.jumped:
-        note = JUMP_COMMENT if table.exists else JUMP_COMMENT_CREATED
-        lines.append(f"-I FORWARD 1 -m comment --comment {_quote(note)} -j {CHAIN}")
-    lines += [f"-A {CHAIN} {_line(r)}" for r in added]
-    _restore(place, lines)
-    return added
+    now if not given). The chain is made with ``-N``, which fails the whole batch (changing
+    nothing) if another writer made it meanwhile — a declared ``:CHAIN`` line would flush it
+    — and then the table is read again and the batch rebuilt, once. Returns the rules added."""
+    for attempt in (1, 2):
+        table = table if table is not None else look(place)
+        have = set(table.ours)
+        added = [r for r in dict.fromkeys(rules) if _sig_of_tokens(r) not in have]
+        lines: list[str] = []
+        if CHAIN not in table.chains:
+            lines.append(f"-N {CHAIN}")
+        if not table.jumped:
+            note = JUMP_COMMENT if table.exists else JUMP_COMMENT_CREATED
+            lines.append(f"-I FORWARD 1 -m comment --comment {_quote(note)} -j {CHAIN}")
+        lines += [f"-A {CHAIN} {_line(r)}" for r in added]
+        try:
+            _restore(place, lines)
+        except IptablesError:
+            if attempt == 2:
+                raise
+            table = None
+            continue
+        return added
+    return []
 
 
 def present(versions: Iterable[int] = (4, 6)) -> list[Place]:

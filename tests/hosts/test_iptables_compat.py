@@ -326,3 +326,23 @@ def test_side_by_side_with_the_go_plugins(world: World, tmp_path: Path, impl: st
     finally:
         world.runtime.delete_network_list(world.network, rt2)
         world.runtime.delete_network_list(world.network, rt1)
+
+
+@pytest.mark.parametrize("profile", DOCKER, ids=lambda p: p.name, indirect=True)
+def test_a_chain_made_meanwhile_is_neither_flushed_nor_doubled(world: World) -> None:
+    """Another writer (a runtime with another state dir, so another lock) made the chain after
+    this one read the table: the batch fails on ``-N``, changing nothing, and is rebuilt."""
+    import ipaddress
+
+    flavour = _flavour(world)
+    place = iptables.Place(4, flavour)
+    first = iptables.attachment_rules([ipaddress.ip_network("198.18.64.2/32")], "k1 firewall n c1 eth0")
+    second = iptables.attachment_rules([ipaddress.ip_network("198.18.64.3/32")], "k2 firewall n c2 eth0")
+    stale = netns.run_in(world.host, iptables.look, place)
+    netns.run_in(world.host, iptables.apply, place, first)
+    netns.run_in(world.host, iptables.apply, place, second, stale)
+    save = _save(world)[0].splitlines()
+    assert len([ln for ln in save if ln.startswith("-A PYCNI-FORWARD")]) == 4
+    assert len([ln for ln in save if ln.endswith("-j PYCNI-FORWARD")]) == 1
+    netns.run_in(world.host, iptables.remove, place, lambda c: True)
+    assert _pycni_lines(_save(world)[0]) == []
