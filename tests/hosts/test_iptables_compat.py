@@ -346,3 +346,53 @@ def test_a_chain_made_meanwhile_is_neither_flushed_nor_doubled(world: World) -> 
     assert len([ln for ln in save if ln.endswith("-j PYCNI-FORWARD")]) == 1
     netns.run_in(world.host, iptables.remove, place, lambda c: True)
     assert _pycni_lines(_save(world)[0]) == []
+
+
+SUBNET6 = "fd00:18:64::/64"
+
+
+@pytest.mark.parametrize("profile", [DOCKER_NFT], ids=lambda p: p.name, indirect=True)
+def test_ipv6_where_ip6tables_forward_drops(world: World, tmp_path: Path) -> None:
+    """Dual stack on a Docker host whose ip6tables ``FORWARD`` drops too: the IPv6 accepts go to
+    ``ip6tables`` (same flavour), so containers reach each other over IPv6 (br_netfilter puts
+    bridged IPv6 through ip6tables), and the last DEL takes them."""
+    from pycni.nomad.conflist import NomadBridgeConfig, bridge_conflist
+
+    before = world.profile.ruleset(world.host)
+    in_ns(world.host, "ip6tables-nft", "-w", "-P", "FORWARD", "DROP")
+    before6 = _save6(world)
+    raw = bridge_conflist(NomadBridgeConfig(BRIDGE, SUBNET, SUBNET6, ipam_data_dir=str(tmp_path / "ipam6")))
+    world.network = conflist_from_bytes(raw)
+    rt1, _ = world.container("c1")
+    rt2, _ = world.container("c2")
+    try:
+        got = world.runtime.get_network_list_cached_result(world.network, rt2)
+        ip6 = next(str(ip.address.ip) for ip in got.ips if ip.address.version == 6)
+        with probes.TCPEchoServer(rt2.netns, ECHO_PORT, host="::"):
+            assert probes.tcp_echo(rt1.netns, ip6, ECHO_PORT, timeout=4)
+        save6 = _save6(world)
+        assert any(ln.startswith(f"-A PYCNI-FORWARD -s {ip6}/128") for ln in save6.splitlines())
+    finally:
+        world.runtime.delete_network_list(world.network, rt2)
+        world.runtime.delete_network_list(world.network, rt1)
+    assert _save6(world) == before6
+    in_ns(world.host, "ip6tables-nft", "-w", "-P", "FORWARD", "ACCEPT")
+    assert _without_ip6(world.profile.ruleset(world.host)) == _without_ip6(before)
+
+
+def _save6(world: World) -> str:
+    out = in_ns(world.host, "ip6tables-nft-save", "-t", "filter")
+    return "\n".join(re.sub(r"\[\d+:\d+\]", "", ln) for ln in out.splitlines() if not ln.startswith("#"))
+
+
+def _without_ip6(ruleset: str) -> str:
+    """The ruleset without ``table ip6 filter`` (ip6tables-nft's, made by the test's policy)."""
+    out, skip = [], False
+    for line in ruleset.splitlines():
+        if line.startswith("table ip6 filter"):
+            skip = True
+        if not skip:
+            out.append(line)
+        if skip and line == "}":
+            skip = False
+    return "\n".join(out)
