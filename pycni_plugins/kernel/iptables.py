@@ -21,10 +21,15 @@ ACCEPT``) and are shared: they go with the chain, which goes (jump, rules, chain
 with the last attachment rule. A ``table ip filter`` that iptables-nft created for pycni alone
 (the jump's comment says so) is deleted with it when nothing else is left in it.
 
-Every change is one ``<tool>-restore -w --noflush`` batch built from one ``<tool>-save -t
-filter`` read, under a lock in the state dir (``<state>/iptables/.lock``) so two plugins do not
-interleave their read and write. The tools run in the calling thread's network namespace (a
-child forked by a thread shares its namespace) with ``PATH`` set to the system dirs.
+Every change is one ``<tool>-restore -w --noflush`` batch built from one read of the table
+(:func:`look`: iptables-nft's through libnftables in-process, legacy's with ``<tool>-save -t
+filter``) under a lock in the state dir (``<state>/iptables/.lock``), so two plugins do not
+interleave their read and write; the chain is made with ``-N``, so a writer that made it
+meanwhile fails the batch (changing nothing) instead of having it flushed. An attachment's
+iptables-nft rules that are not the last are deleted in-process by handle
+(:func:`remove_nft_fast`); everything else goes through ``-save`` and ``-restore``. The tools run
+in the calling thread's network namespace (a child forked by a thread shares its namespace) with
+``PATH`` set to the system dirs. A host without iptables tables (:func:`present`) runs none.
 """
 
 from __future__ import annotations
@@ -43,14 +48,11 @@ import attrs
 
 from pycni.errors import CNIError, ErrorCode
 
-from . import hostfw
-
 __all__ = [
     "CHAIN",
     "JUMP_COMMENT",
     "Place",
     "IptablesError",
-    "place_of",
     "admin_rules",
     "Rules",
     "read",
@@ -100,7 +102,7 @@ class Place:
 
     @property
     def where(self) -> str:
-        """The :class:`hostfw.Filter` ``where`` of this place."""
+        """How the host-firewall judge (:mod:`.hostfw`) names this table in its findings."""
         if self.flavour == "legacy":
             return f"{self.tool()} table filter"
         return f"table {'ip' if self.version == 4 else 'ip6'} filter"
@@ -113,12 +115,6 @@ class Place:
         if isinstance(data, list) and len(data) == 2 and data[0] in (4, 6) and data[1] in ("nft", "legacy"):
             return cls(int(data[0]), str(data[1]))
         return None
-
-
-def place_of(f: hostfw.Filter) -> Place | None:
-    if not f.iptables or f.version not in (4, 6):
-        return None
-    return Place(f.version, "legacy" if f.where.startswith(("iptables-legacy", "ip6tables-legacy")) else "nft")
 
 
 def admin_rules(objs: Sequence[dict[str, object]], interface: str) -> list[tuple[str, IPNetwork]]:
