@@ -299,7 +299,8 @@ def _compat_check(request: PluginRequest) -> None:
 
 def _compat_gc(request: PluginRequest, valid: set[tuple[str, str]], dry: bool) -> list[str]:
     """GC of the compatibility step: the rules (and records) of this network's attachments not
-    in ``valid``, recorded or only commented; lost rules of valid recorded ones put back."""
+    in ``valid``, recorded or only commented; lost rules of valid recorded ones put back where
+    their table still is (a host whose iptables table went away gets none made again)."""
     network = request.network_name
     records = Records(_RECORDS, request.state_dir)
     removed: list[str] = []
@@ -320,7 +321,8 @@ def _compat_gc(request: PluginRequest, valid: set[tuple[str, str]], dry: bool) -
                     for place in _record_places(record):
                         iptables.remove(place, _of_key(name))
                 records.remove(name)
-    places.update(iptables.present())
+    there = set(iptables.present())
+    places.update(there)
     safe = nft.Comment.of(Attachment(network, "", ""), _OWNER).network
 
     def stray(text: str) -> bool:
@@ -333,7 +335,7 @@ def _compat_gc(request: PluginRequest, valid: set[tuple[str, str]], dry: bool) -
         with iptables.locked(request.state_dir):
             gone = iptables.remove(place, stray)
             for record in restore:
-                if place in _record_places(record):
+                if place in there and place in _record_places(record):
                     _apply_record({**record, "places": [place.to_json()]})
         removed += [f"{place.tool()} rule {' '.join(r)}" for r in gone]
     return removed

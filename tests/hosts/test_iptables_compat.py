@@ -396,3 +396,25 @@ def _without_ip6(ruleset: str) -> str:
         if skip and line == "}":
             skip = False
     return "\n".join(out)
+
+
+@pytest.mark.parametrize("profile", DOCKER, ids=lambda p: p.name, indirect=True)
+def test_after_a_docker_restart_check_says_what_is_missing_and_reconcile_restores_it(world: World) -> None:
+    """dockerd's restart reloads its ruleset (``iptables-restore`` without ``--noflush``: pycni's
+    chain and jump are gone); CHECK fails naming it, ``pycni gc --reconcile`` puts it back."""
+    from .profiles import DOCKER_20_10
+
+    before = world.profile.ruleset(world.host)
+    rt, _ = world.container("c1")
+    try:
+        in_ns(world.host, f"iptables-{_flavour(world)}-restore", "-w", stdin=DOCKER_20_10)
+        assert _pycni_lines(_save(world)[0]) == []
+        with pytest.raises(CNIError, match="drops forwarded traffic|expected iptables rule not found"):
+            world.runtime.check_network_list(world.network, rt)
+        world.runtime.reconcile_network_list(world.network_at("1.1.0"))
+        world.runtime.check_network_list(world.network, rt)
+        with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE):
+            assert probes.tcp_echo(rt.netns, OUTSIDE, ECHO_PORT, timeout=2)
+    finally:
+        world.runtime.delete_network_list(world.network, rt)
+    assert world.profile.ruleset(world.host) == before
