@@ -233,7 +233,31 @@ def _compat_add(request: PluginRequest, prev: Result, admin: str, forced: bool) 
         return  # no iptables table: nothing of iptables can drop, no tool runs
     att = attachment(request)
     bridge = _host_side(prev)
+    records = Records(_RECORDS, request.state_dir)
+
+    def record_for(places: Iterable[iptables.Place]) -> dict[str, Any]:
+        admin_rules = [[i, str(n), admin] for i, n in iptables.nft_admin_rules(admin, bridge)] if bridge else []
+        return {
+            "network": att.network,
+            "container_id": att.container_id,
+            "ifname": att.ifname,
+            "comment": nft.comment(att, _OWNER),
+            "places": [p.to_json() for p in sorted(places)],
+            "addresses": [str(ip.address) for ip in prev.ips],
+            "admin": admin_rules,
+        }
+
     with iptables.locked(request.state_dir):
+        if not forced and len(candidates) == 1 and candidates[0].flavour == "legacy" and records.load(att.key) is None:
+            # Legacy, a first ADD of the attachment: append to pycni's chain if it is there
+            # (then the step is wanted), without reading the table first; else decide below.
+            place = candidates[0]
+            record = record_for([place])
+            records.store(att.key, record)  # before the rules: DEL finds them
+            rules = _rules(place, record["addresses"], record["admin"], record["comment"])
+            if iptables.append_existing(place, rules):
+                return
+            records.remove(att.key)
         tables = {p: iptables.look(p) for p in candidates}
         wanted = {p for p, t in tables.items() if t.exists and (forced or t.needs())}
         undecided = [p for p, t in tables.items() if t.exists and p not in wanted]
@@ -248,17 +272,8 @@ def _compat_add(request: PluginRequest, prev: Result, admin: str, forced: bool) 
                 tables[place] = iptables.look(place)
         if not wanted:
             return
-        admin_rules = [[i, str(n), admin] for i, n in iptables.nft_admin_rules(admin, bridge)] if bridge else []
-        record = {
-            "network": att.network,
-            "container_id": att.container_id,
-            "ifname": att.ifname,
-            "comment": nft.comment(att, _OWNER),
-            "places": [p.to_json() for p in sorted(wanted)],
-            "addresses": [str(ip.address) for ip in prev.ips],
-            "admin": admin_rules,
-        }
-        Records(_RECORDS, request.state_dir).store(att.key, record)  # before the rules: DEL finds them
+        record = record_for(wanted)
+        records.store(att.key, record)  # before the rules: DEL finds them
         _apply_record(record, tables)
 
 

@@ -57,6 +57,7 @@ __all__ = [
     "Rules",
     "read",
     "apply",
+    "append_existing",
     "remove_nft_fast",
     "Table",
     "look",
@@ -404,6 +405,25 @@ def apply(place: Place, rules: Sequence[tuple[str, ...]], table: Table | None = 
             continue
         return added
     return []
+
+
+def append_existing(place: Place, rules: Sequence[tuple[str, ...]]) -> bool:
+    """Append an attachment's ``rules`` (none of which is there yet) to pycni's chain in one batch
+    that reads nothing first: the jump is deleted and inserted again at the top and each admin
+    rule deleted and appended again, so the batch fails, changing nothing, unless the chain,
+    the jump and the admin rules are all there. False then (:func:`apply` does it with a read).
+    For legacy iptables, whose ``-D`` is cheap; iptables-nft's is not."""
+    jump = f"-m comment --comment {_quote(JUMP_COMMENT)} -j {CHAIN}"
+    lines = [f"-D FORWARD {jump}", f"-I FORWARD 1 {jump}"]
+    for r in dict.fromkeys(rules):
+        if comment_of(r).startswith(ADMIN_COMMENT):
+            lines.append(f"-D {CHAIN} {_line(r)}")
+        lines.append(f"-A {CHAIN} {_line(r)}")
+    try:
+        _restore(place, lines)
+    except IptablesError:
+        return False
+    return True
 
 
 def present(versions: Iterable[int] = (4, 6)) -> list[Place]:
