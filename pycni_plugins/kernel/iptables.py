@@ -534,14 +534,15 @@ def _drop_empty_table(place: Place) -> None:
 
 
 def missing(place: Place, rules: Sequence[tuple[str, ...]]) -> list[str]:
-    """What of the jump, the chain and ``rules`` is not in ``place`` (as ``iptables`` texts)."""
+    """What of the jump, the chain and ``rules`` is not in ``place`` (as ``iptables`` texts),
+    read as :func:`look` reads (iptables-nft's in-process)."""
     tool = place.tool()
-    current = read(place) if loaded(place) else Rules(frozenset(), {})
-    if CHAIN not in current.chains:
+    table = look(place)
+    if CHAIN not in table.chains:
         return [f"{tool} chain {CHAIN}"]
-    out = [] if current.jumps else [f"{tool} -A FORWARD -j {CHAIN}"]
-    have = set(current.ours())
-    out += [f"{tool} -A {CHAIN} {_line(r)}" for r in rules if r not in have]
+    out = [] if table.jumped else [f"{tool} -I FORWARD 1 -j {CHAIN}"]
+    have = set(table.ours)
+    out += [f"{tool} -A {CHAIN} {_line(r)}" for r in rules if _sig_of_tokens(r) not in have]
     return out
 
 

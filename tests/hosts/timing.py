@@ -27,8 +27,8 @@ from .conftest import BRIDGE, SUBNET
 from .profiles import DOCKER_LEGACY, DOCKER_NFT, PLAIN, HostProfile
 
 
-def measure(profile: HostProfile, n: int) -> tuple[list[float], list[float]]:
-    """ADD and DEL times (ms) of ``n`` containers on a fresh host of ``profile``."""
+def measure(profile: HostProfile, n: int) -> tuple[list[float], list[float], list[float]]:
+    """ADD, CHECK and DEL times (ms) of ``n`` containers on a fresh host of ``profile``."""
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory(dir="/dev/shm") as tmp:
         host = stack.enter_context(netns.Throwaway(prefix="pycni-timing-host"))
         profile.build(host.path, BRIDGE)
@@ -41,7 +41,9 @@ def measure(profile: HostProfile, n: int) -> tuple[list[float], list[float]]:
         )
         netns.run_in(host.path, nomad.ensure_forwarding_rules, "NOMAD-ADMIN", BRIDGE, SUBNET)
         confs = []
-        adds, dels = [], []
+        adds: list[float] = []
+        checks: list[float] = []
+        dels: list[float] = []
         for i in range(n):
             ns = stack.enter_context(netns.Throwaway(prefix="pycni-timing-c"))
             rt = RuntimeConf(f"t{i}", ns.path, "eth0", capability_args={"portMappings": []})
@@ -51,9 +53,13 @@ def measure(profile: HostProfile, n: int) -> tuple[list[float], list[float]]:
             confs.append(rt)
         for rt in confs:
             t0 = time.perf_counter()
+            runtime.check_network_list(network, rt)
+            checks.append((time.perf_counter() - t0) * 1000)
+        for rt in confs:
+            t0 = time.perf_counter()
             runtime.delete_network_list(network, rt)
             dels.append((time.perf_counter() - t0) * 1000)
-        return adds, dels
+        return adds, checks, dels
 
 
 def main() -> None:
@@ -62,13 +68,12 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for profile in (PLAIN, DOCKER_NFT, DOCKER_LEGACY):
-        adds, dels = measure(profile, args.n)
-        rows.append((profile.name, statistics.median(adds), statistics.median(dels)))
-    base_add, base_del = rows[0][1], rows[0][2]
+        rows.append((profile.name, *(statistics.median(t) for t in measure(profile, args.n))))
+    base = rows[0][1:]
     print(f"N={args.n}, p50 ms per container (in-process, Nomad chain + admin rule)")
-    print(f"{'host':<14} {'ADD':>8} {'×plain':>7} {'DEL':>8} {'×plain':>7}")
-    for name, add, dele in rows:
-        print(f"{name:<14} {add:8.2f} {add / base_add:6.2f}× {dele:8.2f} {dele / base_del:6.2f}×")
+    print(f"{'host':<14}" + "".join(f" {op:>8} {'×plain':>7}" for op in ("ADD", "CHECK", "DEL")))
+    for name, *values in rows:
+        print(f"{name:<14}" + "".join(f" {v:8.2f} {v / b:6.2f}×" for v, b in zip(values, base)))
 
 
 if __name__ == "__main__":
