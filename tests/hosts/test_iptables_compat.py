@@ -223,14 +223,42 @@ def test_a_plain_host_runs_no_iptables_tool(world: World, tmp_path: Path, monkey
 
 
 @pytest.mark.parametrize("profile", DOCKER, ids=lambda p: p.name, indirect=True)
-def test_shims_take_the_same_step(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The installed plugins, exec'd without the daemon, run the host's iptables tools in the
-    host namespace they were exec'd in."""
-    from pycni_plugins.install import install
+@pytest.mark.parametrize("daemon", [False, True], ids=["no-daemon", "daemon"])
+def test_shims_take_the_same_step(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, daemon: bool) -> None:
+    """The installed plugins, exec'd without the daemon or served by ``pycni serve`` (running in
+    the host namespace; it acts in the namespaces the shims pass), run the host's iptables tools
+    in the host namespace they were exec'd in."""
+    import shutil
+    import signal
+    import tempfile
 
-    monkeypatch.setenv("PYCNI_DAEMON", "off")
+    from pycni_plugins.install import install
+    from tests.serve.conftest import Daemon
+
     bindir = tmp_path / "bin"
-    install(str(bindir), ["loopback", "bridge", "host-local", "firewall", "portmap"])
+    served: Daemon | None = None
+    if daemon:
+        sock_dir = tempfile.mkdtemp(prefix="pycni-serve-")
+        sock = os.path.join(sock_dir, "s.sock")
+        install(str(bindir), ["loopback", "bridge", "host-local", "firewall", "portmap"], socket=sock)
+        served = Daemon(world.host, sock, tmp_path / "serve.log", dict(os.environ), [])
+        monkeypatch.setenv("PYCNI_DAEMON", "required")
+    else:
+        sock_dir = ""
+        install(str(bindir), ["loopback", "bridge", "host-local", "firewall", "portmap"])
+        monkeypatch.setenv("PYCNI_DAEMON", "off")
+    try:
+        _shims_run(world, tmp_path, bindir)
+        if served is not None:
+            lines = served.requests(12)
+            assert len(lines) >= 12 and all(" ok " in ln for ln in lines), served.log()
+    finally:
+        if served is not None:
+            served.stop(signal.SIGTERM)
+            shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _shims_run(world: World, tmp_path: Path, bindir: Path) -> None:
     runtime = Runtime(
         [str(bindir)],
         cache_dir=str(tmp_path / "exec-cache"),
