@@ -313,17 +313,27 @@ def test_parse_admin_rules_of_pycnis_admin_chain() -> None:
 
 
 @pytest.mark.reference
-@pytest.mark.parametrize("profile", [DOCKER_NFT], ids=lambda p: p.name, indirect=True)
+@pytest.mark.parametrize("profile", DOCKER, ids=lambda p: p.name, indirect=True)
 @pytest.mark.parametrize("impl", ["go", "pycni"])
-def test_side_by_side_with_the_go_plugins(world: World, tmp_path: Path, impl: str) -> None:
+def test_side_by_side_with_the_go_plugins(
+    world: World, tmp_path: Path, impl: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The Go chain (exec'd from /usr/lib/cni, with Nomad's admin rule in iptables as Nomad
     writes it for them) and pycni's (in-process, Nomad's admin rule through the hook) on the
-    same Docker host: the same three flows pass."""
+    same Docker host: the same three flows pass. The Go plugins run ``iptables`` from ``PATH``:
+    on the legacy host it is iptables-legacy, as ``update-alternatives`` makes it there."""
     from tests.conftest import REFERENCE_PLUGIN_DIR
 
+    flavour = _flavour(world)
     if impl == "go":
         if not os.path.exists(f"{REFERENCE_PLUGIN_DIR}/firewall"):
             pytest.skip("no reference plugins")
+        alternatives = tmp_path / "alternatives"
+        alternatives.mkdir()
+        for tool in ("iptables", "ip6tables"):
+            for suffix in ("", "-save", "-restore"):
+                (alternatives / f"{tool}{suffix}").symlink_to(f"/usr/sbin/{tool}-{flavour}{suffix}")
+        monkeypatch.setenv("PATH", f"{alternatives}:{os.environ.get('PATH', '')}")
         world.runtime = Runtime(
             [REFERENCE_PLUGIN_DIR],
             cache_dir=str(tmp_path / "go-cache"),
@@ -331,8 +341,8 @@ def test_side_by_side_with_the_go_plugins(world: World, tmp_path: Path, impl: st
             backend="exec",
             host_netns=world.host,
         )
-        in_ns(world.host, "iptables-nft", "-w", "-N", "NOMAD-ADMIN")
-        in_ns(world.host, "iptables-nft", "-w", "-A", "NOMAD-ADMIN", "-o", BRIDGE, "-d", SUBNET, "-j", "ACCEPT")
+        in_ns(world.host, f"iptables-{flavour}", "-w", "-N", "NOMAD-ADMIN")
+        in_ns(world.host, f"iptables-{flavour}", "-w", "-A", "NOMAD-ADMIN", "-o", BRIDGE, "-d", SUBNET, "-j", "ACCEPT")
     else:
         _admin_rule(world)
     rt1, ip1 = world.container("c1", [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}])
