@@ -1,7 +1,7 @@
 """The cost of the iptables compatibility step: in-process ADD/DEL p50 on a plain host against
 Docker hosts (iptables-nft, legacy), the Nomad-style chain with Nomad's admin rule, N containers.
 
-    .venv/bin/python -m tests.hosts.timing [--n 20]
+    .venv/bin/python -m tests.hosts.timing [--n 20] [--rounds 5]
 
 State and cache on a tmpfs (/dev/shm), as on a systemd host. Everything happens in throwaway
 namespaces (a host per profile, the containers), removed after.
@@ -65,12 +65,17 @@ def measure(profile: HostProfile, n: int) -> tuple[list[float], list[float], lis
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--n", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=1, help="hosts of each profile, interleaved (noise)")
     args = parser.parse_args()
-    rows = []
-    for profile in (PLAIN, DOCKER_NFT, DOCKER_LEGACY):
-        rows.append((profile.name, *(statistics.median(t) for t in measure(profile, args.n))))
+    profiles = (PLAIN, DOCKER_NFT, DOCKER_LEGACY)
+    samples: dict[str, list[list[float]]] = {p.name: [[], [], []] for p in profiles}
+    for _ in range(args.rounds):
+        for profile in profiles:
+            for kept, got in zip(samples[profile.name], measure(profile, args.n)):
+                kept.extend(got)
+    rows = [(name, *(statistics.median(t) for t in ops)) for name, ops in samples.items()]
     base = rows[0][1:]
-    print(f"N={args.n}, p50 ms per container (in-process, Nomad chain + admin rule)")
+    print(f"N={args.n} × {args.rounds} rounds, p50 ms per container (in-process, Nomad chain + admin rule)")
     print(f"{'host':<14}" + "".join(f" {op:>8} {'×plain':>7}" for op in ("ADD", "CHECK", "DEL")))
     for name, *values in rows:
         print(f"{name:<14}" + "".join(f" {v:8.2f} {v / b:6.2f}×" for v, b in zip(values, base)))
