@@ -259,8 +259,10 @@ def _compat_add(request: PluginRequest, prev: Result, admin: str, forced: bool) 
                 return
             records.remove(att.key)
         tables = {p: iptables.look(p) for p in candidates}
-        wanted = {p for p, t in tables.items() if t.exists and (forced or t.needs())}
-        undecided = [p for p, t in tables.items() if t.exists and p not in wanted]
+        # Never an admin's own nftables table that happens to be called ``ip filter``.
+        tables = {p: t for p, t in tables.items() if t.iptables}
+        wanted = {p for p, t in tables.items() if forced or t.needs()}
+        undecided = [p for p, t in tables.items() if p not in wanted]
         if undecided and bridge:
             target = hostfw.Target(bridge, tuple(ip.address.network for ip in prev.ips))
             findings = hostfw.inspect(target, ("egress", "replies", "bridged"))
@@ -268,8 +270,10 @@ def _compat_add(request: PluginRequest, prev: Result, admin: str, forced: bool) 
         if forced:
             for version in versions - {p.version for p in wanted}:
                 place = iptables.Place(version, "nft")
-                wanted.add(place)
-                tables[place] = iptables.look(place)
+                table = iptables.look(place)
+                if table.writable:
+                    wanted.add(place)
+                    tables[place] = table
         if not wanted:
             return
         record = record_for(wanted)
@@ -336,7 +340,7 @@ def _compat_gc(request: PluginRequest, valid: set[tuple[str, str]], dry: bool) -
                     for place in _record_places(record):
                         iptables.remove(place, _of_key(name))
                 records.remove(name)
-    there = set(iptables.present())
+    there = {p for p in iptables.present() if iptables.look(p).iptables}
     places.update(there)
     safe = nft.Comment.of(Attachment(network, "", ""), _OWNER).network
 

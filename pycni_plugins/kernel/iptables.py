@@ -340,6 +340,17 @@ class Table:
         """Docker's chains, a drop policy, or pycni's chain already: the step is wanted."""
         return CHAIN in self.chains or "DOCKER-USER" in self.chains or self.policy == "drop"
 
+    @property
+    def iptables(self) -> bool:
+        """Written by iptables (its ``FORWARD`` chain is there), not an admin's own nftables
+        table that happens to be called ``filter``: only then may pycni write to it."""
+        return self.exists and "FORWARD" in self.chains
+
+    @property
+    def writable(self) -> bool:
+        """iptables' own, or not there at all (iptables-nft makes it)."""
+        return self.iptables or not self.exists
+
 
 def look(place: Place) -> Table:
     """``place``'s ``filter`` table in the calling thread's namespace: iptables-nft's through

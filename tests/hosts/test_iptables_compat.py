@@ -25,7 +25,7 @@ from pycni_plugins import nomad
 from pycni_plugins.kernel import iptables
 
 from .conftest import BRIDGE, HOST_UPLINK, OUTSIDE, SUBNET, World
-from .profiles import DOCKER_LEGACY, DOCKER_NFT, PLAIN, in_ns
+from .profiles import DOCKER_LEGACY, DOCKER_NFT, PLAIN, in_ns, nft
 
 pytestmark = pytest.mark.privileged
 
@@ -220,6 +220,43 @@ def test_a_plain_host_runs_no_iptables_tool(world: World, tmp_path: Path, monkey
     world.runtime.delete_network_list(world.network, rt)
     assert ran == [], ran
     assert not (Path(world.runtime.state_dir) / "iptables").exists()
+
+
+@pytest.mark.parametrize("profile", [PLAIN], ids=lambda p: p.name, indirect=True)
+def test_an_admins_own_ip_filter_table_is_never_written(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An nftables ``table ip filter`` that iptables did not write (no ``FORWARD`` chain) is an
+    admin's: its drop is named by CHECK, as on any hardened host, and nothing is written to it
+    (no iptables tool runs at all)."""
+    import subprocess as sp
+
+    nft(world.host, ADMINS_IP_FILTER)
+    before = world.profile.ruleset(world.host)
+    ran: list[Any] = []
+    real = sp.Popen.__init__
+
+    def spy(self: Any, args: Any, *a: Any, **kw: Any) -> None:
+        ran.append(args)
+        real(self, args, *a, **kw)
+
+    monkeypatch.setattr(sp.Popen, "__init__", spy)
+    rt, _ = world.container("c1")
+    with pytest.raises(CNIError, match="table ip filter chain forward"):
+        world.runtime.check_network_list(world.network, rt)
+    world.runtime.gc_network_list(world.network_at("1.1.0"), [GCAttachment("c1", "eth0")])
+    world.runtime.delete_network_list(world.network, rt)
+    assert ran == [], ran
+    assert world.profile.ruleset(world.host) == before
+    nft(world.host, "delete table ip filter")
+
+
+ADMINS_IP_FILTER = """\
+table ip filter {
+    chain forward {
+        type filter hook forward priority filter; policy drop;
+        ct state established,related accept
+    }
+}
+"""
 
 
 @pytest.mark.parametrize("profile", DOCKER, ids=lambda p: p.name, indirect=True)
