@@ -493,3 +493,25 @@ def test_after_a_docker_restart_check_says_what_is_missing_and_reconcile_restore
     finally:
         world.runtime.delete_network_list(world.network, rt)
     assert world.profile.ruleset(world.host) == before
+
+
+@pytest.mark.parametrize("profile", DOCKER, ids=lambda p: p.name, indirect=True)
+def test_concurrent_adds_and_dels_leave_exactly_their_rules(world: World) -> None:
+    """Six ADDs at once, then six DELs at once (threads of one runtime): two rules per container
+    in between, one chain, one jump; nothing after."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    before = world.profile.ruleset(world.host)
+    with ThreadPoolExecutor(6) as pool:
+        made = list(pool.map(lambda i: world.container(f"p{i}"), range(6)))
+    try:
+        save = _save(world)[0].splitlines()
+        assert len([ln for ln in save if ln.startswith("-A PYCNI-FORWARD")]) == 12
+        assert len([ln for ln in save if ln.endswith("-j PYCNI-FORWARD")]) == 1
+        for _, ip in made:
+            assert any(f"-s {ip}/32 " in ln for ln in save)
+    finally:
+        with ThreadPoolExecutor(6) as pool:
+            list(pool.map(lambda m: world.runtime.delete_network_list(world.network, m[0]), made))
+    assert _pycni_lines(_save(world)[0]) == []
+    assert world.profile.ruleset(world.host) == before
