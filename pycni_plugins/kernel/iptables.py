@@ -507,23 +507,36 @@ def remove_nft_fast(place: Place, hosts: Sequence[IPNetwork]) -> bool:
 def remove(place: Place, doomed: Callable[[str], bool], keep_last: bool = False) -> list[tuple[str, ...]]:
     """Delete the rules of pycni's chain whose comment ``doomed`` says; when no attachment rule
     is left (unless ``keep_last``), the chain, its jumps and its admin rules too (and a table
-    iptables-nft made for pycni alone). One batch; returns the rules deleted."""
+    iptables-nft made for pycni alone). One batch; returns the rules deleted.
+
+    The chain goes rule by rule and then ``-X``, never ``-F``: a rule another writer (a runtime
+    with another state dir, so another lock) appended meanwhile makes ``-X`` fail the whole
+    batch, changing nothing, and the table is read again, once."""
     if not loaded(place):
         return []
-    current = read(place)
-    if CHAIN not in current.chains:
-        return []
-    ours = current.ours()
-    gone = [r for r in ours if doomed(comment_of(r))]
-    left = [r for r in ours if r not in gone and not comment_of(r).startswith(ADMIN_COMMENT)]
-    lines = [f"-D {CHAIN} {_line(r)}" for r in gone]
-    drop_all = not left and not keep_last
-    if drop_all:
-        lines = [f"-D FORWARD {_line(j)}" for j in current.jumps] + [f"-F {CHAIN}", f"-X {CHAIN}"]
-    _restore(place, lines)
-    if drop_all and place.flavour == "nft" and any(comment_of(j) == JUMP_COMMENT_CREATED for j in current.jumps):
-        _drop_empty_table(place)
-    return gone
+    for attempt in (1, 2):
+        current = read(place)
+        if CHAIN not in current.chains:
+            return []
+        ours = current.ours()
+        gone = [r for r in ours if doomed(comment_of(r))]
+        left = [r for r in ours if r not in gone and not comment_of(r).startswith(ADMIN_COMMENT)]
+        drop_all = not left and not keep_last
+        if drop_all:
+            lines = [f"-D FORWARD {_line(j)}" for j in current.jumps]
+            lines += [f"-D {CHAIN} {_line(r)}" for r in ours] + [f"-X {CHAIN}"]
+        else:
+            lines = [f"-D {CHAIN} {_line(r)}" for r in gone]
+        try:
+            _restore(place, lines)
+        except IptablesError:
+            if attempt == 2:
+                raise
+            continue
+        if drop_all and place.flavour == "nft" and any(comment_of(j) == JUMP_COMMENT_CREATED for j in current.jumps):
+            _drop_empty_table(place)
+        return gone
+    return []
 
 
 def _drop_empty_table(place: Place) -> None:

@@ -515,3 +515,27 @@ def test_concurrent_adds_and_dels_leave_exactly_their_rules(world: World) -> Non
             list(pool.map(lambda m: world.runtime.delete_network_list(world.network, m[0]), made))
     assert _pycni_lines(_save(world)[0]) == []
     assert world.profile.ruleset(world.host) == before
+
+
+@pytest.mark.parametrize("profile", DOCKER, ids=lambda p: p.name, indirect=True)
+def test_the_last_rules_going_never_flush_a_rule_appended_meanwhile(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """This DEL read the chain when its rules were the last; another writer appended since: the
+    chain's removal fails on ``-X`` (nothing changed) and, read again, only this DEL's rules go."""
+    import ipaddress
+
+    place = iptables.Place(4, _flavour(world))
+    first = iptables.attachment_rules([ipaddress.ip_network("198.18.64.2/32")], "k1 firewall n c1 eth0")
+    second = iptables.attachment_rules([ipaddress.ip_network("198.18.64.3/32")], "k2 firewall n c2 eth0")
+    netns.run_in(world.host, iptables.apply, place, first)
+    stale = netns.run_in(world.host, iptables.read, place)
+    netns.run_in(world.host, iptables.apply, place, second)
+    reads = [stale]
+    real = iptables.read
+    monkeypatch.setattr(iptables, "read", lambda p: reads.pop() if reads else real(p))
+    netns.run_in(world.host, iptables.remove, place, lambda c: c.startswith("k1 "))
+    ours = [ln for ln in _save(world)[0].splitlines() if ln.startswith("-A PYCNI-FORWARD")]
+    assert len(ours) == 2 and all("k2 firewall" in ln for ln in ours)
+    netns.run_in(world.host, iptables.remove, place, lambda c: True)
+    assert _pycni_lines(_save(world)[0]) == []
