@@ -228,7 +228,8 @@ def _compat_add(request: PluginRequest, prev: Result, admin: str, forced: bool) 
     drops or may drop the attachment's traffic; with ``forced``, every one (iptables-nft's where
     there is none)."""
     versions = {ip.address.version for ip in prev.ips}
-    candidates = iptables.present(versions)
+    legacy, nft_tables = iptables.survey(versions)
+    candidates = sorted([*legacy, *nft_tables])
     if not candidates and not forced:
         return  # no iptables table: nothing of iptables can drop, no tool runs
     att = attachment(request)
@@ -258,7 +259,10 @@ def _compat_add(request: PluginRequest, prev: Result, admin: str, forced: bool) 
             if iptables.append_existing(place, rules):
                 return
             records.remove(att.key)
-        tables = {p: iptables.look(p) for p in candidates}
+        # Read before the lock is safe: a stale view makes -N or -A fail the batch, then apply
+        # reads again (a doubled jump, from two ADDs racing after FORWARD was flushed, goes
+        # with the chain).
+        tables = {p: nft_tables.get(p) or iptables.look(p) for p in candidates}
         # Never an admin's own nftables table that happens to be called ``ip filter``.
         tables = {p: t for p, t in tables.items() if t.iptables}
         wanted = {p for p, t in tables.items() if forced or t.needs()}

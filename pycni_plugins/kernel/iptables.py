@@ -62,6 +62,7 @@ __all__ = [
     "Table",
     "look",
     "present",
+    "survey",
     "remove",
     "missing",
     "loaded",
@@ -437,23 +438,26 @@ def append_existing(place: Place, rules: Sequence[tuple[str, ...]]) -> bool:
     return True
 
 
-def present(versions: Iterable[int] = (4, 6)) -> list[Place]:
-    """The iptables ``filter`` tables of the calling thread's namespace: iptables-nft's (``table
-    ip filter``/``ip6 filter``) and loaded legacy ones. Cheap (one ``list tables``, two small
-    reads): a host without them runs no iptables tool and no fuller read. Only IP ``versions``."""
-    from .nft.transport import context
+def survey(versions: Iterable[int] = (4, 6)) -> tuple[list[Place], dict[Place, Table]]:
+    """The iptables ``filter`` tables of the calling thread's namespace, for IP ``versions``:
+    the loaded legacy ones (not read: that takes an exec) and iptables-nft's, read in-process
+    (:func:`look`). Cheap on a host without them (a small ``/proc`` read and a failing listing
+    per version), which then runs no iptables tool."""
+    wanted = sorted(set(versions))
+    legacy = [Place(v, "legacy") for v in wanted if loaded(Place(v, "legacy"))]
+    tables = {}
+    for v in wanted:
+        place = Place(v, "nft")
+        table = look(place)
+        if table.exists:
+            tables[place] = table
+    return legacy, tables
 
-    wanted = set(versions)
-    out_places = [p for p in (Place(4, "legacy"), Place(6, "legacy")) if p.version in wanted and loaded(p)]
-    rc, out, _ = context().json_cmd({"nftables": [{"list": {"tables": None}}]})
-    if rc == 0:
-        for o in (out or {}).get("nftables", ()):
-            t = o.get("table") if isinstance(o, dict) else None
-            if isinstance(t, dict) and t.get("family") in ("ip", "ip6") and t.get("name") == "filter":
-                place = Place(4 if t["family"] == "ip" else 6, "nft")
-                if place.version in wanted:
-                    out_places.append(place)
-    return sorted(out_places)
+
+def present(versions: Iterable[int] = (4, 6)) -> list[Place]:
+    """:func:`survey`'s places."""
+    legacy, tables = survey(versions)
+    return sorted([*legacy, *tables])
 
 
 def remove_nft_fast(place: Place, hosts: Sequence[IPNetwork]) -> bool:
