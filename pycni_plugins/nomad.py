@@ -8,8 +8,11 @@ Nomad's ``bridgeNetworkConfigurator`` (``networking_bridge_linux.go``), before e
 admin chain (``NOMAD-ADMIN``) must exist and hold ``-o <bridge> -d <subnet> -j ACCEPT`` (IPv6 first
 when configured), so that traffic forwarded to the allocations is accepted even if an admin's
 later rules in that chain would refuse it. In pycni's table this accept ends only pycni's own
-base chain: another table's drop (a hardened ``inet filter``, Docker's ``FORWARD`` policy DROP,
-legacy iptables) still drops, and the bridge plugin's CHECK and STATUS name it
+base chain: another table's drop still drops. On an iptables host (Docker's ``FORWARD`` policy
+DROP, through iptables-nft or legacy) the firewall plugin's iptables step copies this rule, for
+the attachment's bridge, into its ``PYCNI-FORWARD`` chain jumped from the top of ``FORWARD``
+(:mod:`pycni_plugins.kernel.iptables`), so host ports work there as with the Go plugins; a
+hardened ``inet filter``'s drop is not edited, and the bridge plugin's CHECK and STATUS name it
 (:mod:`pycni_plugins.kernel.hostfw`).
 
 pycni's firewall plugin keeps admin chains in ``table inet pycni`` (jumped to first from its

@@ -14,7 +14,8 @@ test (the judge now; the iptables-compat and firewalld backends later).
   (``iptables-save`` text: FORWARD policy DROP, DOCKER-USER, DOCKER-ISOLATION-STAGE-1/2, DOCKER,
   nat MASQUERADE for 172.17.0.0/16 off ``docker0``), a ``docker0`` bridge, and br_netfilter's
   ``bridge-nf-call-iptables``/``ip6tables`` = 1 (per namespace on this kernel), loaded through
-  ``iptables-nft-restore`` and through ``iptables-legacy-restore``.
+  ``iptables-nft-restore`` and through ``iptables-legacy-restore``. Their drop is the one pycni's
+  iptables compatibility step answers (``compat``): after ADD the containers get through.
 """
 
 from __future__ import annotations
@@ -186,6 +187,9 @@ class HostProfile:
     drops_egress: bool
     #: Tools the profile needs on the machine.
     tools: tuple[str, ...] = ()
+    #: Does pycni's iptables compatibility step (firewall plugin, :mod:`pycni_plugins.kernel.iptables`)
+    #: put its accepts where the drop lives, so the containers get through after all?
+    compat: bool = False
 
     def missing(self) -> str | None:
         for tool in self.tools:
@@ -254,6 +258,7 @@ DOCKER_NFT = HostProfile(
     "table ip filter chain FORWARD (policy drop)",
     True,
     ("iptables-nft-restore",),
+    compat=True,
 )
 DOCKER_LEGACY = HostProfile(
     "docker-legacy",
@@ -262,5 +267,6 @@ DOCKER_LEGACY = HostProfile(
     "iptables-legacy table filter chain FORWARD (policy DROP)",
     True,
     ("iptables-legacy-restore", "iptables-legacy-save", "iptables-legacy"),
+    compat=True,
 )
 PROFILES = (PLAIN, HARDENED_INET, HARDENED_FIXED, DOCKER_NFT, DOCKER_LEGACY)

@@ -13,11 +13,12 @@ from pycni.errors import CNIError, ErrorCode
 from pycni.runtime import Runtime
 from pycni.runtime_conf import RuntimeConf
 from pycni.testing import probes
+from pycni_plugins import nomad
 from pycni_plugins.kernel import hostfw
 from tests.helpers import kernel
 
 from .conftest import BRIDGE, HOST_UPLINK, OUTSIDE, SUBNET, World
-from .profiles import DOCKER_LEGACY, HARDENED_INET, PLAIN, legacy_loaded, nft
+from .profiles import HARDENED_INET, PLAIN, legacy_loaded, nft
 
 pytestmark = pytest.mark.privileged
 
@@ -47,10 +48,15 @@ def test_the_legacy_tables_are_read_only_where_loaded(world: World) -> None:
 
 
 def test_add_succeeds_check_and_status_report_and_the_ruleset_is_untouched(world: World) -> None:
+    """On the hosts pycni's iptables step answers (Docker's), CHECK and STATUS pass once Nomad's
+    admin rule is there (as the Go plugins' host ports need it); elsewhere they name the drop.
+    After DEL the host's ruleset is what it was (the iptables step's chain and jump gone too)."""
     before = world.profile.ruleset(world.host)
+    if world.profile.compat:
+        netns.run_in(world.host, nomad.ensure_forwarding_rules, "NOMAD-ADMIN", BRIDGE, SUBNET)
     rt, _ = world.container("c1", [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}])
     where = world.profile.drop_where
-    if where is None:
+    if where is None or world.profile.compat:
         world.runtime.check_network_list(world.network, rt)
         world.runtime.get_status_network_list(world.network_at("1.1.0"))
     else:
@@ -89,13 +95,13 @@ def test_traffic_is_what_the_judge_says(world: World) -> None:
     try:
         with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE) as outside_server:
             egress = probes.tcp_echo(rt1.netns, OUTSIDE, ECHO_PORT, timeout=1.5)
-            assert egress == (not world.profile.drops_egress)
+            assert egress == (not world.profile.drops_egress or world.profile.compat)
             assert probes.ping(rt1.netns, OUTSIDE, timeout=1.5) == egress
             if egress:
                 assert outside_server.peers == ["198.19.0.1"]  # masqueraded
         with probes.TCPEchoServer(rt2.netns, ECHO_PORT, host="0.0.0.0"):
             between = probes.tcp_echo(rt1.netns, ip2, ECHO_PORT, timeout=1.5)
-        bridged = any(f.flow == "bridged" for f in _inspect(world))
+        bridged = any(f.flow == "bridged" and f.certain for f in _inspect(world))
         assert between == (not bridged)
     finally:
         world.runtime.delete_network_list(world.network, rt2)
@@ -115,7 +121,7 @@ def test_host_ports_are_reachable_where_the_judge_finds_no_inbound_drop(world: W
         world.runtime.delete_network_list(world.network, rt)
 
 
-@pytest.mark.parametrize("profile", [HARDENED_INET, DOCKER_LEGACY], ids=lambda p: p.name, indirect=True)
+@pytest.mark.parametrize("profile", [HARDENED_INET], ids=lambda p: p.name, indirect=True)
 def test_exec_d_shims_report_what_in_process_reports(
     world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -74,6 +74,14 @@ def test_ingress_policy(host, kit):
         plugin.handle(kit.request("ADD", _fw(cniVersion="0.3.1"), "a", "/x"))
 
 
+def test_iptables_compat_takes_auto_or_always(host, kit):
+    plugin = FirewallPlugin()
+    with pytest.raises(CNIError, match='unknown iptablesCompat: "sometimes"'):
+        plugin.handle(kit.request("ADD", _fw(iptablesCompat="sometimes"), "a", "/x"))
+    plugin.handle(kit.request("ADD", _fw(iptablesCompat="auto", backend="iptables"), "a", "/x"))
+    plugin.handle(kit.request("DEL", _fw(iptablesCompat="auto", backend="iptables"), "a", "/x"))
+
+
 def test_an_add_presenting_another_attachments_address_is_refused_and_its_del_keeps_the_element(host, kit):
     """Elements are keyed by address: an ADD whose prevResult claims an address another
     attachment holds must not take its element over (nor its DEL delete it)."""
