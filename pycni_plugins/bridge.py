@@ -429,7 +429,7 @@ class BridgePlugin(Plugin):
     def status(self, request: PluginRequest) -> None:
         conf = load_config(request)
         _veth.status(request, conf.ipam_type)
-        _host_firewall(conf, _ipam_subnets(request.config), ErrorCode.LIMITED_CONNECTIVITY)
+        _host_firewall(conf, _ipam_subnets(request.config), ErrorCode.LIMITED_CONNECTIVITY, iptables=False)
 
 
 def _remembered_mac(store: owned.VethRecords, bridge: str) -> str | None:
@@ -456,12 +456,16 @@ def _check_nft(request: PluginRequest, conf: BridgeConfig, prev: Result, host_ve
                 raise fail(f"macspoofchk: {problem}", nft.hinted(about=problem))
 
 
-def _host_firewall(conf: BridgeConfig, subnets: tuple[hostfw.IPNetwork, ...], code: int = ErrorCode.INTERNAL) -> None:
+def _host_firewall(
+    conf: BridgeConfig, subnets: tuple[hostfw.IPNetwork, ...], code: int = ErrorCode.INTERNAL, *, iptables: bool = True
+) -> None:
     """Fail when the host's own forward filtering (another table's drop policy, legacy iptables'
     FORWARD) drops the bridge's traffic: pycni's accepts cannot overrule it (see
-    :mod:`.kernel.hostfw`). ADD goes on regardless, as the Go plugins do."""
+    :mod:`.kernel.hostfw`). ADD goes on regardless, as the Go plugins do. STATUS leaves out
+    iptables' FORWARD (``iptables=False``): the firewall plugin's ADD puts its accepts there, so
+    a Docker host is no reason to call the network not ready before its first container."""
     if subnets:
-        hostfw.check(hostfw.Target(conf.bridge, subnets), code=code)
+        hostfw.check(hostfw.Target(conf.bridge, subnets), code=code, iptables=iptables)
 
 
 def _ipam_subnets(config: Mapping[str, Any]) -> tuple[hostfw.IPNetwork, ...]:

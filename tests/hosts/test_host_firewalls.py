@@ -179,3 +179,15 @@ table inet filter {{
     }}
 }}
 """
+
+
+def test_status_before_the_first_add_names_only_drops_the_firewall_plugin_cannot_answer(world: World) -> None:
+    """STATUS gates an orchestrator's first container: a drop in iptables' FORWARD (Docker's) is
+    answered by the firewall plugin's ADD, so it fails no STATUS; an admin's nftables table is not."""
+    status = world.network_at("1.1.0")
+    if world.profile.drop_where is None or world.profile.compat:
+        world.runtime.get_status_network_list(status)
+        return
+    with pytest.raises(CNIError) as e:
+        world.runtime.get_status_network_list(status)
+    assert e.value.code == ErrorCode.LIMITED_CONNECTIVITY and world.profile.drop_where in e.value.msg

@@ -174,13 +174,17 @@ def inspect(target: Target, only: Collection[str] | None = None) -> list[Finding
     return judge(found, target, around.bridged, around.uplinks, only)
 
 
-def check(target: Target, only: Collection[str] | None = None, code: int = ErrorCode.INTERNAL) -> None:
+def check(
+    target: Target, only: Collection[str] | None = None, code: int = ErrorCode.INTERNAL, *, iptables: bool = True
+) -> None:
     """Raise ``code`` naming the first base chain that certainly drops ``target``'s traffic, the
     others in the details with the rule that lets it through. A "may drop" finding fails
     nothing: a judge unsure of a foreign rule must not fail a CHECK or a STATUS (which makes
-    orchestrators call the network not ready) on a host where the traffic may well pass."""
+    orchestrators call the network not ready) on a host where the traffic may well pass.
+    Without ``iptables``, drops in tables iptables writes are left out (the firewall plugin's
+    ADD puts its accepts there)."""
     try:
-        found = [f for f in inspect(target, only) if f.certain]
+        found = [f for f in inspect(target, only) if f.certain and (iptables or not f.iptables)]
     except (NftError, OSError) as e:
         raise CNIError(f"cannot read the host's firewall: {e}", code=ErrorCode.INTERNAL) from e
     if found:

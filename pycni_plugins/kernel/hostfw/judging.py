@@ -184,8 +184,8 @@ def judge_chain(
             return None
         policy = "DROP" if f.where.startswith(("iptables", "ip6tables")) else "drop"
         where = f"{f.where} chain {chain.name} (policy {policy})"
-        return Finding(flow.name, where, got.certain, flow.traffic, got.unsure, remedy)
-    return Finding(flow.name, got.where, got.certain, flow.traffic, got.unsure, remedy)
+        return Finding(flow.name, where, got.certain, flow.traffic, got.unsure, remedy, f.iptables)
+    return Finding(flow.name, got.where, got.certain, flow.traffic, got.unsure, remedy, f.iptables)
 
 
 def judge(

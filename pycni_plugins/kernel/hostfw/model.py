@@ -112,6 +112,8 @@ class Finding:
     unsure: str = ""
     #: What the admin adds to that filter (:func:`admin_rule` or its iptables form).
     remedy: str = ""
+    #: In a table iptables writes, where the firewall plugin's compatibility step puts its accepts.
+    iptables: bool = False
 
     @property
     def message(self) -> str:
