@@ -36,17 +36,30 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import ipaddress
 import os
-import shlex
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
 
 import attrs
 
-from pycni.errors import CNIError, ErrorCode
+from .rules import (
+    ADMIN_COMMENT,
+    CHAIN,
+    IPNetwork,
+    IptablesError,
+    Rules,
+    Sig,
+    admin_rules,
+    admin_tokens,
+    attachment_rules,
+    comment_of,
+    line,
+    parse_save,
+    quote,
+    sig_of_nft,
+    sig_of_tokens,
+)
 
 __all__ = [
     "CHAIN",
@@ -74,22 +87,11 @@ __all__ = [
     "parse_save",
 ]
 
-CHAIN = "PYCNI-FORWARD"
 JUMP_COMMENT = "pycni forward"
 #: The jump's comment when iptables-nft made ``table ip filter``/``ip6 filter`` for pycni alone.
 JUMP_COMMENT_CREATED = "pycni forward (table created by pycni)"
-ADMIN_COMMENT = "pycni admin"
 _SBIN = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
 _TIMEOUT = 30
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-
-
-class IptablesError(CNIError):
-    """An iptables tool failed (code 999), its stderr in the details."""
-
-    def __init__(self, msg: str, details: str = "") -> None:
-        super().__init__(msg, details, code=ErrorCode.INTERNAL)
 
 
 @attrs.frozen(order=True)
@@ -119,53 +121,6 @@ class Place:
         return None
 
 
-def admin_rules(objs: Sequence[dict[str, object]], interface: str) -> list[tuple[str, IPNetwork]]:
-    """The ``oifname <interface> ip[6] daddr <net> accept`` rules of an nftables chain's listing
-    (libnftables JSON objects of ``list chain``) as ``(interface, net)``: what Nomad's admin rule
-    is in pycni's table."""
-    out: list[tuple[str, IPNetwork]] = []
-    for o in objs:
-        rule = o.get("rule")
-        if not isinstance(rule, dict):
-            continue
-        oif: str | None = None
-        net: IPNetwork | None = None
-        verdict = ""
-        other = False
-        for e in rule.get("expr", ()):
-            if not isinstance(e, dict) or not e:
-                continue
-            kind, body = next(iter(e.items()))
-            if kind == "match" and isinstance(body, dict) and body.get("op") == "==":
-                left, right = body.get("left"), body.get("right")
-                if isinstance(left, dict) and left.get("meta", {}).get("key") == "oifname" and isinstance(right, str):
-                    oif = right
-                elif isinstance(left, dict) and left.get("payload", {}).get("field") == "daddr":
-                    net = _prefix(right)
-                    other = other or net is None
-                else:
-                    other = True
-            elif kind == "accept":
-                verdict = "accept"
-            elif kind != "counter":
-                other = True
-        if not other and verdict == "accept" and oif == interface and net is not None:
-            out.append((oif, net))
-    return out
-
-
-def _prefix(right: object) -> IPNetwork | None:
-    try:
-        if isinstance(right, dict) and isinstance(right.get("prefix"), dict):
-            p = right["prefix"]
-            return ipaddress.ip_network(f"{p.get('addr')}/{p.get('len')}", strict=False)
-        if isinstance(right, str):
-            return ipaddress.ip_network(right, strict=False)
-    except ValueError:
-        return None
-    return None
-
-
 # --- the host's tools -------------------------------------------------------------------------
 
 
@@ -190,58 +145,6 @@ def _run(argv: list[str], stdin: str | None = None) -> str:
     return done.stdout
 
 
-@attrs.frozen
-class Rules:
-    """The ``filter`` table as ``<tool>-save`` lists it: chains, and each rule as its tokens
-    (``-A`` and the chain name left out) by chain."""
-
-    chains: frozenset[str]
-    rules: dict[str, list[tuple[str, ...]]]
-
-    @property
-    def jumps(self) -> list[tuple[str, ...]]:
-        return [r for r in self.rules.get("FORWARD", ()) if _target(r) == CHAIN]
-
-    def ours(self) -> list[tuple[str, ...]]:
-        return list(self.rules.get(CHAIN, ()))
-
-
-def _target(tokens: Sequence[str]) -> str:
-    for i, t in enumerate(tokens[:-1]):
-        if t in ("-j", "--jump", "-g", "--goto"):
-            return tokens[i + 1]
-    return ""
-
-
-def comment_of(tokens: Sequence[str]) -> str:
-    for i, t in enumerate(tokens[:-1]):
-        if t == "--comment":
-            return tokens[i + 1]
-    return ""
-
-
-def parse_save(text: str) -> Rules:
-    chains: set[str] = set()
-    rules: dict[str, list[tuple[str, ...]]] = {}
-    table = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("*"):
-            table = line[1:]
-        elif table != "filter":
-            continue
-        elif line.startswith(":"):
-            chains.add(line[1:].split()[0])
-        elif line.startswith("-A "):
-            try:
-                tokens = shlex.split(line)
-            except ValueError:
-                continue
-            if len(tokens) >= 2:
-                rules.setdefault(tokens[1], []).append(tuple(tokens[2:]))
-    return Rules(frozenset(chains), rules)
-
-
 def read(place: Place) -> Rules:
     """The ``filter`` table of ``place`` in the calling thread's namespace."""
     return parse_save(_run([place.tool("-save"), "-t", "filter"]))
@@ -251,79 +154,9 @@ def _restore(place: Place, lines: Sequence[str]) -> None:
     if lines:
         _run([place.tool("-restore"), "-w", "--noflush"], "*filter\n" + "\n".join(lines) + "\nCOMMIT\n")
         if place.flavour == "legacy":
-            from .nft.transport import memo
+            from ..nft.transport import memo
 
             memo().host_legacy = None  # the judge's legacy read is stale now (no generation tells it)
-
-
-def _quote(token: str) -> str:
-    """A token as iptables-restore reads it: double quotes around one with spaces (pycni's
-    comments and interface names hold no quote or backslash)."""
-    if '"' in token or "\\" in token:
-        raise IptablesError(f"refusing to write {token!r} to iptables-restore")
-    return f'"{token}"' if not token or any(c.isspace() for c in token) else token
-
-
-def _line(tokens: Sequence[str]) -> str:
-    return " ".join(_quote(t) for t in tokens)
-
-
-def attachment_rules(addresses: Iterable[IPNetwork], comment: str) -> list[tuple[str, ...]]:
-    """The two rules per address (``/32``, ``/128``): replies to it, anything from it (Go's order)."""
-    out: list[tuple[str, ...]] = []
-    for net in addresses:
-        host = f"{net.network_address}/{net.max_prefixlen}"
-        c = ("-m", "comment", "--comment", comment)
-        out.append(("-d", host, "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", *c, "-j", "ACCEPT"))
-        out.append(("-s", host, *c, "-j", "ACCEPT"))
-    return out
-
-
-def admin_tokens(interface: str, net: IPNetwork, chain: str) -> tuple[str, ...]:
-    # In iptables-save's order (-s, -d, -i, -o, matches, target): rules are compared as listed.
-    return ("-d", str(net), "-o", interface, "-m", "comment", "--comment", f"{ADMIN_COMMENT} {chain}", "-j", "ACCEPT")
-
-
-#: What pycni's rules are told apart by (comments aside): source or destination (``s``/``d``),
-#: the network, whether a conntrack match is there, the output interface.
-Sig = tuple[str, str, bool, str]
-
-
-def _sig_of_tokens(tokens: Sequence[str]) -> Sig:
-    field, net, ct, oif = "", "", False, ""
-    for i, t in enumerate(tokens[:-1]):
-        if t in ("-s", "-d"):
-            field, net = t[1], _norm(tokens[i + 1])
-        elif t == "-o":
-            oif = tokens[i + 1]
-        elif t in ("--ctstate", "--state"):
-            ct = True
-    return field, net, ct, oif
-
-
-def _norm(text: str) -> str:
-    try:
-        return str(ipaddress.ip_network(text, strict=False))
-    except ValueError:
-        return text
-
-
-def _sig_of_nft(rule: dict[str, Any]) -> Sig:
-    field, net, ct, oif = "", "", False, ""
-    for e in rule.get("expr", ()):
-        if not isinstance(e, dict):
-            continue
-        m = e.get("match")
-        if isinstance(m, dict) and isinstance(m.get("left"), dict):
-            left, right = m["left"], m.get("right")
-            if left.get("payload", {}).get("field") in ("saddr", "daddr"):
-                got = _prefix(right)
-                field, net = left["payload"]["field"][0], str(got) if got is not None else str(right)
-            elif left.get("meta", {}).get("key") == "oifname":
-                oif = str(right)
-        elif isinstance(e.get("xt"), dict) and e["xt"].get("name") in ("conntrack", "state"):
-            ct = True
-    return field, net, ct, oif
 
 
 @attrs.frozen
@@ -362,8 +195,8 @@ def look(place: Place) -> Table:
         text = _run([place.tool("-save"), "-t", "filter"])
         rules = parse_save(text)
         policy = next((ln.split()[1].lower() for ln in text.splitlines() if ln.startswith(":FORWARD ")), "")
-        return Table(True, rules.chains, policy, bool(rules.jumps), tuple(_sig_of_tokens(r) for r in rules.ours()))
-    from .nft.transport import context
+        return Table(True, rules.chains, policy, bool(rules.jumps), tuple(sig_of_tokens(r) for r in rules.ours()))
+    from ..nft.transport import context
 
     family = "ip" if place.version == 4 else "ip6"
     rc, out, _ = context().json_cmd({"nftables": [{"list": {"table": {"family": family, "name": "filter"}}}]})
@@ -387,7 +220,7 @@ def look(place: Place) -> Table:
                     for e in r.get("expr", ())
                 )
             elif r.get("chain") == CHAIN:
-                ours.append(_sig_of_nft(r))
+                ours.append(sig_of_nft(r))
     return Table(True, frozenset(chains), policy, jumped, tuple(ours))
 
 
@@ -400,14 +233,14 @@ def apply(place: Place, rules: Sequence[tuple[str, ...]], table: Table | None = 
     for attempt in (1, 2):
         table = table if table is not None else look(place)
         have = set(table.ours)
-        added = [r for r in dict.fromkeys(rules) if _sig_of_tokens(r) not in have]
+        added = [r for r in dict.fromkeys(rules) if sig_of_tokens(r) not in have]
         lines: list[str] = []
         if CHAIN not in table.chains:
             lines.append(f"-N {CHAIN}")
         if not table.jumped:
             note = JUMP_COMMENT if table.exists else JUMP_COMMENT_CREATED
-            lines.append(f"-I FORWARD 1 -m comment --comment {_quote(note)} -j {CHAIN}")
-        lines += [f"-A {CHAIN} {_line(r)}" for r in added]
+            lines.append(f"-I FORWARD 1 -m comment --comment {quote(note)} -j {CHAIN}")
+        lines += [f"-A {CHAIN} {line(r)}" for r in added]
         try:
             _restore(place, lines)
         except IptablesError:
@@ -425,12 +258,12 @@ def append_existing(place: Place, rules: Sequence[tuple[str, ...]]) -> bool:
     rule deleted and appended again, so the batch fails, changing nothing, unless the chain,
     the jump and the admin rules are all there. False then (:func:`apply` does it with a read).
     For legacy iptables, whose ``-D`` is cheap; iptables-nft's is not."""
-    jump = f"-m comment --comment {_quote(JUMP_COMMENT)} -j {CHAIN}"
+    jump = f"-m comment --comment {quote(JUMP_COMMENT)} -j {CHAIN}"
     lines = [f"-D FORWARD {jump}", f"-I FORWARD 1 {jump}"]
     for r in dict.fromkeys(rules):
         if comment_of(r).startswith(ADMIN_COMMENT):
-            lines.append(f"-D {CHAIN} {_line(r)}")
-        lines.append(f"-A {CHAIN} {_line(r)}")
+            lines.append(f"-D {CHAIN} {line(r)}")
+        lines.append(f"-A {CHAIN} {line(r)}")
     try:
         _restore(place, lines)
     except IptablesError:
@@ -465,7 +298,7 @@ def remove_nft_fast(place: Place, hosts: Sequence[IPNetwork]) -> bool:
     iptables-nft's chain by handle, in-process, in one transaction — unless they are the last
     attachment rules (then False: :func:`remove` takes the chain and jump too). False too
     when the chain cannot be listed."""
-    from .nft.transport import context
+    from ..nft.transport import context
 
     family = "ip" if place.version == 4 else "ip6"
     ctx = context()
@@ -527,10 +360,10 @@ def remove(place: Place, doomed: Callable[[str], bool], keep_last: bool = False)
         left = [r for r in ours if r not in gone and not comment_of(r).startswith(ADMIN_COMMENT)]
         drop_all = not left and not keep_last
         if drop_all:
-            lines = [f"-D FORWARD {_line(j)}" for j in current.jumps]
-            lines += [f"-D {CHAIN} {_line(r)}" for r in ours] + [f"-X {CHAIN}"]
+            lines = [f"-D FORWARD {line(j)}" for j in current.jumps]
+            lines += [f"-D {CHAIN} {line(r)}" for r in ours] + [f"-X {CHAIN}"]
         else:
-            lines = [f"-D {CHAIN} {_line(r)}" for r in gone]
+            lines = [f"-D {CHAIN} {line(r)}" for r in gone]
         try:
             _restore(place, lines)
         except IptablesError:
@@ -546,7 +379,7 @@ def remove(place: Place, doomed: Callable[[str], bool], keep_last: bool = False)
 def _drop_empty_table(place: Place) -> None:
     """Delete iptables-nft's ``table ip[6] filter`` that it made for pycni, if nothing is in it
     (no rule, no user chain, no drop policy): the table is then as if never made."""
-    from .nft.transport import context
+    from ..nft.transport import context
 
     family = "ip" if place.version == 4 else "ip6"
     ctx = context()
@@ -570,7 +403,7 @@ def missing(place: Place, rules: Sequence[tuple[str, ...]]) -> list[str]:
         return [f"{tool} chain {CHAIN}"]
     out = [] if table.jumped else [f"{tool} -I FORWARD 1 -j {CHAIN}"]
     have = set(table.ours)
-    out += [f"{tool} -A {CHAIN} {_line(r)}" for r in rules if _sig_of_tokens(r) not in have]
+    out += [f"{tool} -A {CHAIN} {line(r)}" for r in rules if sig_of_tokens(r) not in have]
     return out
 
 
@@ -590,7 +423,7 @@ def loaded(place: Place) -> bool:
 
 def nft_admin_rules(chain: str, interface: str) -> list[tuple[str, IPNetwork]]:
     """:func:`admin_rules` of pycni's nftables admin chain ``chain`` (none if it is missing)."""
-    from .nft.transport import TABLE, context
+    from ..nft.transport import TABLE, context
 
     rc, out, _ = context().json_cmd(
         {"nftables": [{"list": {"chain": {"family": "inet", "table": TABLE, "name": chain}}}]}
@@ -603,7 +436,7 @@ def nft_admin_rules(chain: str, interface: str) -> list[tuple[str, IPNetwork]]:
 @contextlib.contextmanager
 def locked(state_dir: str) -> Iterator[None]:
     """Serialise read-then-write sequences of pycni's plugins (``<state>/iptables/.lock``)."""
-    from .state import Records
+    from ..state import Records
 
     with Records("iptables", state_dir)._dir(create=True) as d:
         fd = os.open(".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
