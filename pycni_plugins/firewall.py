@@ -7,8 +7,10 @@ is jumped to first, so rules an admin puts there decide before ours; ``ingressPo
 ``same-bridge`` drops traffic between bridges that have the policy, ``isolated`` also within
 the bridge.
 
-Both ``backend`` values of the reference are served by the same nftables implementation here
-(no firewalld D-Bus calls; ``firewalldZone`` is ignored). One nftables rule to know: an
+Both ``backend`` values of the reference are served by the same nftables implementation here;
+``"backend": "firewalld"`` (zone ``firewalldZone``, default ``trusted``) also makes the container's
+addresses sources of that firewalld zone over D-Bus, and so does any backend when firewalld
+rejects the container's egress (:mod:`.firewalld_zone`). One nftables rule to know: an
 ``accept`` ends evaluation only in its own base chain, so another table's ``drop`` (say an
 ``ip filter FORWARD`` chain with policy drop) still drops; our accept cannot override it the way
 an inserted rule in that chain would. A ``drop`` in the admin chain, on the other hand, is final.
@@ -21,6 +23,7 @@ from typing import Any
 from pycni.failpoints import failpoint
 from pycni.sdk import GCReport, Plugin, PluginRequest
 
+from . import firewalld_zone
 from ._common import (
     Fields,
     attachment,
@@ -87,6 +90,7 @@ class FirewallPlugin(Plugin):
             raise fail(f"failed to add firewall rules: {e.msg}", left_behind(request, prev, "firewall")) from e
         except nft.NftError as e:
             raise fail(f"failed to add firewall rules: {e.msg}", e.details) from e
+        firewalld_zone.add(request, prev, *firewalld_zone.options(request))  # firewalld hosts
         return emit(prev, request)
 
     def check(self, request: PluginRequest) -> None:
@@ -102,9 +106,11 @@ class FirewallPlugin(Plugin):
         problems = nft.skeleton_problems(_sections(admin, policy))
         if problems:
             raise fail(f"firewall rules incomplete: {problems[0]}", "; ".join(problems[1:]))
+        firewalld_zone.check(request, prev, *firewalld_zone.options(request))  # firewalld hosts
 
     def delete(self, request: PluginRequest) -> None:
         _config(request)
+        firewalld_zone.delete(request, *firewalld_zone.options(request))  # firewalld hosts
         nft.release(_OWNER, attachment(request), state_dir=request.state_dir)
 
     def gc(self, request: PluginRequest) -> GCReport:
@@ -126,6 +132,7 @@ class FirewallPlugin(Plugin):
             )
         except nft.NftError as e:
             raise fail(f"failed to collect firewall elements: {e.msg}", e.details) from e
+        removed += firewalld_zone.gc(request.network_name, valid, state_dir=request.state_dir, dry_run=dry)
         return gc_report(removed)
 
     def status(self, request: PluginRequest) -> None:
