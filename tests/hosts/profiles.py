@@ -264,3 +264,52 @@ DOCKER_LEGACY = HostProfile(
     ("iptables-legacy-restore", "iptables-legacy-save", "iptables-legacy"),
 )
 PROFILES = (PLAIN, HARDENED_INET, HARDENED_FIXED, DOCKER_NFT, DOCKER_LEGACY)
+
+#: The firewalld daemons running per host namespace path (:data:`FIREWALLD`).
+FIREWALLDS: dict[str, Any] = {}
+
+
+def _firewalld(path: str, bridge: str) -> None:
+    """Debian's firewalld (zone public by default, no interface bound) with its own bus, in the
+    host namespace and a private mount namespace (:mod:`.firewalld`); the test process (and the
+    plugins it runs or execs) reaches that bus through ``DBUS_SYSTEM_BUS_ADDRESS``."""
+    import tempfile
+
+    from . import firewalld
+
+    fw = firewalld.Firewalld(path, tempfile.mkdtemp(prefix="pycni-test-firewalld-"))
+    FIREWALLDS[path] = fw
+    try:
+        fw.start()
+    except BaseException:
+        _unfirewalld(path)
+        raise
+    os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = fw.address
+
+
+def _unfirewalld(path: str) -> None:
+    fw = FIREWALLDS.pop(path, None)
+    if fw is None:
+        return
+    if os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") == fw.address:
+        del os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
+    fw.stop()
+    shutil.rmtree(fw.work_dir, ignore_errors=True)
+
+
+def _firewalld_missing() -> str | None:
+    from . import firewalld
+
+    return firewalld.missing()
+
+
+#: firewalld 1.3 rejects forwarded traffic of interfaces in no zone; pycni's firewall plugin
+#: makes the container addresses sources of zone ``trusted``, so egress passes.
+FIREWALLD = HostProfile(
+    "firewalld",
+    _firewalld,
+    _unfirewalld,
+    "table inet firewalld chain filter_FWD_public",
+    False,
+    ("firewalld", "firewall-cmd", "dbus-daemon", "unshare", "nsenter"),
+)
