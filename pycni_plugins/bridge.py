@@ -409,7 +409,8 @@ class BridgePlugin(Plugin):
         host_veth = _check(request, conf, prev)
         _check_nft(request, conf, prev, host_veth)
         subnets = tuple(dict.fromkeys(ip.address.network for ip in prev.ips))
-        _host_firewall(conf, subnets)
+        hosts = tuple(ipaddress.ip_network(f"{ip.address.ip}/{ip.address.max_prefixlen}") for ip in prev.ips)
+        _host_firewall(conf, subnets, own=hosts)
 
     def gc(self, request: PluginRequest) -> GCReport:
         """Remove what this network's attachments not in ``cni.dev/valid-attachments`` left:
@@ -462,12 +463,31 @@ def _check_nft(request: PluginRequest, conf: BridgeConfig, prev: Result, host_ve
                 raise fail(f"macspoofchk: {problem}")
 
 
-def _host_firewall(conf: BridgeConfig, subnets: tuple[hostfw.IPNetwork, ...], code: int = ErrorCode.INTERNAL) -> None:
+def _host_firewall(
+    conf: BridgeConfig,
+    subnets: tuple[hostfw.IPNetwork, ...],
+    code: int = ErrorCode.INTERNAL,
+    own: tuple[hostfw.IPNetwork, ...] = (),
+) -> None:
     """Fail when the host's own forward filtering (another table's drop policy, legacy iptables'
     FORWARD) drops the bridge's traffic: pycni's accepts cannot overrule it (see
-    :mod:`.kernel.hostfw`). ADD goes on regardless, as the Go plugins do."""
-    if subnets:
+    :mod:`.kernel.hostfw`). ADD goes on regardless, as the Go plugins do. CHECK also passes
+    when the attachment's ``own`` addresses get through (firewalld zone sources, added per
+    container by the firewall plugin: :mod:`.firewalld_zone`); else it names the subnet's drop."""
+    if not subnets:
+        return
+    try:
         hostfw.check(hostfw.Target(conf.bridge, subnets), code=code)
+    except CNIError:
+        if not own:
+            raise
+        try:
+            hostfw.check(hostfw.Target(conf.bridge, own), code=code)
+        except CNIError:
+            pass
+        else:
+            return
+        raise
 
 
 def _ipam_subnets(config: Mapping[str, Any]) -> tuple[hostfw.IPNetwork, ...]:
