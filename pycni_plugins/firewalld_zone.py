@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from collections.abc import Collection, Sequence
+import threading
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from pycni.errors import CNIError
@@ -34,7 +35,7 @@ from ._common import Fields, attachment, fail, prev_result
 from .kernel import firewalld, hostfw, nft
 from .kernel.state import Records
 
-__all__ = ["BACKEND", "DEFAULT_ZONE", "options", "add", "check", "delete", "gc", "restore", "record"]
+__all__ = ["BACKEND", "DEFAULT_ZONE", "options", "add", "check", "delete", "gc", "restore", "heal_on_reload", "record"]
 
 BACKEND = "firewalld"
 DEFAULT_ZONE = "trusted"
@@ -221,3 +222,29 @@ def restore(state_dir: str, network: str | None = None) -> list[str]:
     except firewalld.FirewalldError:
         return out
     return out
+
+
+def heal_on_reload(
+    state_dir: str,
+    stop: threading.Event,
+    log: Callable[[str], None],
+    *,
+    address: str | None = None,
+    retry: float = 5.0,
+) -> None:
+    """Until ``stop`` is set: wait for firewalld's ``Reloaded`` signal and :func:`restore` every
+    recorded source, logging each line — what ``pycni serve`` runs in a thread so a
+    ``firewall-cmd --reload`` costs a container its network only until the signal arrives.
+    Without a bus or firewalld it tries again every ``retry`` seconds (a restore follows each
+    reconnection: firewalld may have restarted meanwhile)."""
+    while not stop.is_set():
+        try:
+            with firewalld.Reloads(address) as reloads:
+                for line in restore(state_dir):
+                    log(line)
+                while not stop.is_set():
+                    if reloads.wait(timeout=0.5):
+                        for line in restore(state_dir):
+                            log(line)
+        except firewalld.FirewalldError:
+            stop.wait(retry)

@@ -26,6 +26,7 @@ __all__ = [
     "session",
     "source_of",
     "available",
+    "Reloads",
     "wait_reloaded",
 ]
 
@@ -163,23 +164,51 @@ def available(address: str | None = None) -> bool:
         return False
 
 
-def wait_reloaded(address: str | None = None, timeout: float | None = None) -> bool:
-    """Block until firewalld signals ``Reloaded`` (True) or ``timeout`` passes (False): what a
-    daemon calls in a loop before re-adding sources (:func:`pycni_plugins.firewalld_zone.restore`)."""
-    from jeepney import MatchRule, message_bus
-    from jeepney.io.blocking import open_dbus_connection
+class Reloads:
+    """A subscription to firewalld's ``Reloaded`` signal on one connection (no signal is missed
+    between two :meth:`wait` calls); a context manager."""
 
-    addr = address or bus_address()
-    try:
-        conn = open_dbus_connection(addr, auth_timeout=2.0)
-    except (OSError, RuntimeError, ValueError) as e:
-        raise FirewalldError(f"cannot connect to the system bus at {addr}: {e}", "unavailable") from e
-    with conn:
-        rule = MatchRule(type="signal", interface=_NAME, member="Reloaded", path=_PATH)
-        conn.send_and_get_reply(message_bus.AddMatch(rule), timeout=_TIMEOUT)
-        with conn.filter(rule) as queue:
-            try:
-                conn.recv_until_filtered(queue, timeout=timeout)
-            except TimeoutError:
-                return False
-    return True
+    def __init__(self, address: str | None = None) -> None:
+        from jeepney import MatchRule, message_bus
+        from jeepney.io.blocking import open_dbus_connection
+
+        addr = address or bus_address()
+        try:
+            self._conn = open_dbus_connection(addr, auth_timeout=2.0)
+        except (OSError, RuntimeError, ValueError) as e:
+            raise FirewalldError(f"cannot connect to the system bus at {addr}: {e}", "unavailable") from e
+        try:
+            self._rule = MatchRule(type="signal", interface=_NAME, member="Reloaded", path=_PATH)
+            self._conn.send_and_get_reply(message_bus.AddMatch(self._rule), timeout=_TIMEOUT)
+            self._filter = self._conn.filter(self._rule)
+            self._queue = self._filter.__enter__()
+        except (OSError, TimeoutError) as e:
+            self._conn.close()
+            raise FirewalldError(f"cannot subscribe to firewalld's Reloaded signal: {e}", "unavailable") from e
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True when firewalld signalled ``Reloaded`` (since the last call), False on timeout;
+        :class:`FirewalldError` ``unavailable`` when the bus went away."""
+        try:
+            self._conn.recv_until_filtered(self._queue, timeout=timeout)
+        except TimeoutError:
+            return False
+        except (OSError, EOFError) as e:
+            raise FirewalldError(f"the system bus went away: {e}", "unavailable") from e
+        return True
+
+    def close(self) -> None:
+        self._filter.__exit__(None, None, None)
+        self._conn.close()
+
+    def __enter__(self) -> Reloads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def wait_reloaded(address: str | None = None, timeout: float | None = None) -> bool:
+    """Block until firewalld signals ``Reloaded`` (True) or ``timeout`` passes (False)."""
+    with Reloads(address) as reloads:
+        return reloads.wait(timeout)

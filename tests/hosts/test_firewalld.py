@@ -267,3 +267,39 @@ def test_no_firewalld_needs_no_bus(world: World, no_bus: str) -> None:
     world.runtime.check_network_list(world.network, rt)
     world.runtime.delete_network_list(world.network, rt)
     assert not os.path.exists(no_bus.removeprefix("unix:path="))
+
+
+@ON_FIREWALLD
+def test_a_watcher_of_the_reloaded_signal_restores_within_a_second(world: World) -> None:
+    """What the daemon runs (:func:`pycni_plugins.firewalld_zone.heal_on_reload`): a reload's
+    ``Reloaded`` signal puts the recorded sources back, well within 1 s."""
+    import threading
+    import time
+
+    from pycni_plugins import firewalld_zone
+
+    ns = world.make_netns("c")
+    rt = RuntimeConf("watched", ns.path, "eth0")
+    ip = str(world.runtime.add_network_list(world.network, rt).ips[0].address.ip)
+    stop, lines = threading.Event(), []
+    watcher = threading.Thread(
+        target=firewalld_zone.heal_on_reload, args=(world.runtime.state_dir, stop, lines.append), daemon=True
+    )
+    watcher.start()
+    try:
+        time.sleep(0.3)  # subscribed (its first restore found nothing to do)
+        assert lines == []
+        _fw(world).cmd("--reload")  # returns once firewalld has reloaded
+        reloaded = time.monotonic()
+        while _sources(world) != [f"{ip}/32"]:
+            assert time.monotonic() - reloaded < 1.0, "not restored within 1 s"
+            time.sleep(0.02)
+        assert lines == [f"restored firewalld zone trusted source {ip}/32 of watched/eth0"]
+        with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE):
+            assert _egress(world, rt)
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+        world.runtime.delete_network_list(world.network, rt)
+    assert not watcher.is_alive()
+    assert _sources(world) == []
