@@ -137,6 +137,7 @@ class FirewallPlugin(Plugin):
 
     def status(self, request: PluginRequest) -> None:
         nftables_status()
+        firewalld_zone.status(firewalld_zone.options(request)[0])  # firewalld hosts
 
 
 def _sections(admin: str, policy: str) -> list[nft.Section]:

@@ -27,15 +27,27 @@ import threading
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from pycni.errors import CNIError
-from pycni.sdk import PluginRequest
+from pycni.errors import CNIError, ErrorCode
+from pycni.sdk import PluginRequest, environ
 from pycni.types.current import Result
 
 from ._common import Fields, attachment, fail, prev_result
 from .kernel import firewalld, hostfw, nft
 from .kernel.state import Records
 
-__all__ = ["BACKEND", "DEFAULT_ZONE", "options", "add", "check", "delete", "gc", "restore", "heal_on_reload", "record"]
+__all__ = [
+    "BACKEND",
+    "DEFAULT_ZONE",
+    "options",
+    "record",
+    "add",
+    "check",
+    "delete",
+    "gc",
+    "status",
+    "restore",
+    "heal_on_reload",
+]
 
 BACKEND = "firewalld"
 DEFAULT_ZONE = "trusted"
@@ -76,10 +88,15 @@ def _rejected(prev: Result) -> bool:
     return any(f.certain and f.where.startswith(_TABLE) for f in found)
 
 
+def _bus() -> str:
+    """The system bus of this plugin invocation (its caller's ``DBUS_SYSTEM_BUS_ADDRESS``)."""
+    return firewalld.bus_address(environ())
+
+
 def _bus_present() -> bool:
     """Whether the system bus's socket exists (a path address): without a bus there is no
     firewalld to ask, and the judge need not read the ruleset on ADD."""
-    address = firewalld.bus_address()
+    address = _bus()
     path = address.removeprefix("unix:path=").split(",", 1)[0]
     return not address.startswith("unix:path=") or os.path.exists(path)
 
@@ -94,7 +111,7 @@ def add(request: PluginRequest, prev: Result, backend: str, zone: str) -> None:
     if not sources:
         return
     try:
-        with firewalld.session() as bus:
+        with firewalld.session(_bus()) as bus:
             att = attachment(request)
             rec = {
                 "network": att.network,
@@ -110,7 +127,7 @@ def add(request: PluginRequest, prev: Result, backend: str, zone: str) -> None:
     except firewalld.FirewalldError as e:
         if e.unavailable and not forced:
             return  # firewalld went away: the bridge plugin's CHECK names what drops, if anything
-        where = f"firewalld (system bus {firewalld.bus_address()})"
+        where = f"firewalld (system bus {_bus()})"
         raise fail(f"failed to add the container's addresses to {where} zone {zone}: {e.msg}") from e
 
 
@@ -124,7 +141,7 @@ def check(request: PluginRequest, prev: Result, backend: str, zone: str) -> None
         rec = {"zone": zone, "sources": _sources(prev)}
     want_zone = str(rec.get("zone", zone))
     try:
-        with firewalld.session() as bus:
+        with firewalld.session(_bus()) as bus:
             lost = [s for s in rec.get("sources", ()) if bus.zone_of_source(str(s)) != want_zone]
     except firewalld.FirewalldError as e:
         raise fail(f"cannot check firewalld zone {want_zone}: {e.msg}") from e
@@ -152,6 +169,18 @@ def delete(request: PluginRequest, backend: str, zone: str) -> None:
     store.remove(key)
 
 
+def status(backend: str) -> None:
+    """STATUS: with ``backend: firewalld``, firewalld must be running on the system bus (code
+    50, plugin not available, otherwise)."""
+    if backend != BACKEND:
+        return
+    try:
+        with firewalld.session(_bus()):
+            pass
+    except firewalld.FirewalldError as e:
+        raise CNIError("firewalld is not available", e.msg, code=ErrorCode.PLUGIN_NOT_AVAILABLE) from e
+
+
 def _prev_or_none(request: PluginRequest) -> Result | None:
     """DEL's prevResult, if it can be read (DEL never fails on it)."""
     try:
@@ -162,7 +191,7 @@ def _prev_or_none(request: PluginRequest) -> Result | None:
 
 def _unbind(zone: str, sources: Sequence[str]) -> None:
     try:
-        with firewalld.session() as bus:
+        with firewalld.session(_bus()) as bus:
             for source in sources:
                 bus.remove_source(zone, source)
     except firewalld.FirewalldError as e:
@@ -196,7 +225,7 @@ def gc(network: str, valid: Collection[tuple[str, str]], *, state_dir: str, dry_
     return out
 
 
-def restore(state_dir: str, network: str | None = None) -> list[str]:
+def restore(state_dir: str, network: str | None = None, *, address: str | None = None) -> list[str]:
     """Re-add every recorded source (of ``network``, or of all networks) firewalld lost, as after
     a ``firewall-cmd --reload``; what was restored. firewalld not running restores nothing.
     A daemon may call this on firewalld's ``Reloaded`` signal (:func:`.kernel.firewalld.wait_reloaded`)."""
@@ -212,7 +241,7 @@ def restore(state_dir: str, network: str | None = None) -> list[str]:
         return []
     out: list[str] = []
     try:
-        with firewalld.session() as bus:
+        with firewalld.session(address or _bus()) as bus:
             for zone, source, who in wanted:
                 try:
                     if bus.add_source(zone, source):
@@ -240,11 +269,11 @@ def heal_on_reload(
     while not stop.is_set():
         try:
             with firewalld.Reloads(address) as reloads:
-                for line in restore(state_dir):
+                for line in restore(state_dir, address=address):
                     log(line)
                 while not stop.is_set():
                     if reloads.wait(timeout=0.5):
-                        for line in restore(state_dir):
+                        for line in restore(state_dir, address=address):
                             log(line)
         except firewalld.FirewalldError:
             stop.wait(retry)

@@ -1,7 +1,8 @@
 """firewalld over its D-Bus API (jeepney, pure Python): is it running, a zone's sources added,
 removed and listed, the default zone, and its ``Reloaded`` signal.
 
-The bus is the system bus as the caller sees it: ``$DBUS_SYSTEM_BUS_ADDRESS`` when set, else
+The bus is the system bus as the caller sees it: ``$DBUS_SYSTEM_BUS_ADDRESS`` when set (in the
+plugin invocation's environment: the shim's caller's, under ``pycni serve``), else
 ``unix:path=/run/dbus/system_bus_socket`` resolved in the calling process's mount namespace (a
 path socket: the network namespace does not matter). No ``firewall-cmd`` is exec'd. Sources are
 what the Go firewall plugin adds: the container's address as a host prefix (``/32``, ``/128``).
@@ -15,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 __all__ = [
@@ -51,9 +52,9 @@ class FirewalldError(Exception):
         return self.code == "unavailable"
 
 
-def bus_address() -> str:
-    """The system bus's address for the calling process."""
-    return os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") or SYSTEM_BUS
+def bus_address(env: Mapping[str, str] | None = None) -> str:
+    """The system bus's address in environment ``env`` (default: the process's)."""
+    return (os.environ if env is None else env).get("DBUS_SYSTEM_BUS_ADDRESS") or SYSTEM_BUS
 
 
 def source_of(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:

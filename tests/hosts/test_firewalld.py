@@ -18,7 +18,7 @@ import pytest
 
 from pycni import netns
 from pycni.config import conflist_from_bytes
-from pycni.errors import CNIError
+from pycni.errors import CNIError, ErrorCode
 from pycni.runtime import Runtime
 from pycni.runtime_conf import RuntimeConf, build_request
 from pycni.testing import probes
@@ -53,9 +53,10 @@ def _sources(world: World, zone: str = "trusted") -> list[str]:
         return sorted(bus.sources(zone))
 
 
-def _with_backend(world: World, extra: dict[str, Any]) -> Any:
+def _with_backend(world: World, extra: dict[str, Any], version: str | None = None) -> Any:
     """The world's network with ``extra`` merged into its firewall plugin's config."""
     raw = json.loads(world.conflist)
+    raw["cniVersion"] = version or raw["cniVersion"]
     for plugin in raw["plugins"]:
         if plugin["type"] == "firewall":
             plugin.update(extra)
@@ -256,6 +257,10 @@ def test_backend_firewalld_without_firewalld_is_a_clear_error(world: World, no_b
         f"cannot connect to the system bus at {no_bus}"
     ), add.value.msg
     world.runtime.delete_network_list(net, rt)
+    with pytest.raises(CNIError) as status:
+        world.runtime.get_status_network_list(_with_backend(world, {"backend": "firewalld"}, "1.1.0"))
+    assert (status.value.code, status.value.msg) == (ErrorCode.PLUGIN_NOT_AVAILABLE, "firewalld is not available")
+    assert status.value.plugin == "firewall"
 
 
 @pytest.mark.parametrize("profile", [PLAIN], ids=lambda p: p.name, indirect=True)
