@@ -89,7 +89,7 @@ def _rejected(prev: Result) -> bool:
 
 
 def _bus() -> str:
-    """The system bus of this plugin invocation (its caller's ``DBUS_SYSTEM_BUS_ADDRESS``)."""
+    """The system bus of this plugin invocation (``DBUS_SYSTEM_BUS_ADDRESS`` of its environment)."""
     return firewalld.bus_address(environ())
 
 

@@ -2,7 +2,8 @@
 removed and listed, the default zone, and its ``Reloaded`` signal.
 
 The bus is the system bus as the caller sees it: ``$DBUS_SYSTEM_BUS_ADDRESS`` when set (in the
-plugin invocation's environment: the shim's caller's, under ``pycni serve``), else
+plugin invocation's environment; under ``pycni serve``, whose shims forward only ``CNI_*`` and
+``PYCNI_*``, the daemon's), else
 ``unix:path=/run/dbus/system_bus_socket`` resolved in the calling process's mount namespace (a
 path socket: the network namespace does not matter). No ``firewall-cmd`` is exec'd. Sources are
 what the Go firewall plugin adds: the container's address as a host prefix (``/32``, ``/128``).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,39 @@ def test_the_go_plugins_backend_firewalld_side_by_side(world: World, tmp_path: P
         host_netns=world.host,
     )
     _connectivity(world, runtime, _with_backend(world, {"backend": "firewalld"}), "go", go=True)
+
+
+@ON_FIREWALLD
+def test_exec_d_shims_through_the_daemon(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shims through ``pycni serve`` (``PYCNI_DAEMON=required``). The shim forwards only
+    ``CNI_*``/``PYCNI_*``: the daemon's plugins use the daemon's system bus (its
+    ``DBUS_SYSTEM_BUS_ADDRESS``, else ``/run/dbus/system_bus_socket`` in the mount namespace it
+    shares with its callers), here firewalld's private one."""
+    import tempfile
+
+    from pycni_plugins.install import install
+    from tests.serve.conftest import Daemon
+
+    bindir = tmp_path / "bin"
+    install(str(bindir), ["loopback", "bridge", "host-local", "firewall", "portmap"])
+    sock_dir = tempfile.mkdtemp(prefix="pycni-serve-")
+    env = {**os.environ, "DBUS_SYSTEM_BUS_ADDRESS": _fw(world).address}
+    daemon = Daemon(world.host, f"{sock_dir}/pycni.sock", tmp_path / "serve.log", env, [])
+    try:
+        monkeypatch.setenv("PYCNI_SOCKET", daemon.socket)
+        monkeypatch.setenv("PYCNI_DAEMON", "required")
+        runtime = Runtime(
+            [str(bindir)],
+            cache_dir=str(tmp_path / "daemon-cache"),
+            state_dir=world.runtime.state_dir,
+            backend="exec",
+            host_netns=world.host,
+        )
+        _connectivity(world, runtime, world.network, "served")
+        assert any(line.startswith("firewall ADD served1 ") for line in daemon.requests(1)), daemon.log()
+    finally:
+        daemon.stop()
+        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 def _check_firewall(world: World, net: Any, rt: RuntimeConf) -> None:
