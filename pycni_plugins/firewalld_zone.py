@@ -32,7 +32,7 @@ from pycni.sdk import PluginRequest, environ
 from pycni.types.current import Result
 
 from ._common import Fields, attachment, fail, prev_result
-from .kernel import firewalld, hostfw, nft
+from .kernel import firewalld, hostfw, nfnl, nft
 from .kernel.state import Records
 
 __all__ = [
@@ -78,7 +78,7 @@ def _sources(prev: Result) -> list[str]:
 def _rejected(prev: Result) -> bool:
     """Whether the judge finds firewalld's table certainly dropping the container's egress
     (judged for the container's own addresses, on the interface the bridge plugin reported)."""
-    if not prev.interfaces or not prev.ips or not _bus_present():
+    if not prev.interfaces or not prev.ips or not _firewalld_table() or not _bus_present():
         return False
     hosts = tuple(ipaddress.ip_network(f"{ip.address.ip}/{ip.address.max_prefixlen}") for ip in prev.ips)
     try:
@@ -86,6 +86,16 @@ def _rejected(prev: Result) -> bool:
     except (nft.NftError, OSError):
         return False
     return any(f.certain and f.where.startswith(_TABLE) for f in found)
+
+
+def _firewalld_table() -> bool:
+    """Whether the calling thread's namespace has firewalld's ``table inet firewalld`` (one
+    table dump: on a host without it, ADD reads no ruleset and asks no bus)."""
+    try:
+        with nfnl.reading("inet") as reader:
+            return "firewalld" in reader.tables()
+    except nfnl.NetlinkError:
+        return False
 
 
 def _bus() -> str:
