@@ -122,11 +122,12 @@ class Session:
         return True
 
     def remove_source(self, zone: str, source: str) -> bool:
-        """Unbind ``source`` from ``zone``; False when it was not bound there."""
+        """Unbind ``source`` from ``zone``; False when it was not bound there (bound to another
+        zone, to none, or the zone does not exist)."""
         try:
             self._call(_ZONE, "removeSource", "ss", (zone, source))
         except FirewalldError as e:
-            if e.code in ("UNKNOWN_SOURCE", "ZONE_CONFLICT"):
+            if e.code in ("UNKNOWN_SOURCE", "ZONE_CONFLICT", "INVALID_ZONE"):
                 return False
             raise
         return True

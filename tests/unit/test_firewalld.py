@@ -63,6 +63,8 @@ class FakeConn:
             return new_method_return(msg, "s", (zone,))
         if member == "removeSource":
             zone, source = body
+            if zone not in self.zones:
+                return fail(f"INVALID_ZONE: {zone}")
             if source not in self.zones.get(zone, []):
                 return fail(f"UNKNOWN_SOURCE: '{source}' is not in any zone")
             self.zones[zone].remove(source)
@@ -172,6 +174,14 @@ def test_the_zone_is_configurable(tmp_path: Path, fake_bus: FakeConn) -> None:
     assert fake_bus.zones == {"trusted": [], "public": ["198.18.64.2/32"]}
     _run(tmp_path, "DEL")  # the record names the zone, whatever DEL's config says
     assert fake_bus.zones["public"] == []
+
+
+def test_an_unknown_zone_fails_add_and_del_cleans_up(tmp_path: Path, fake_bus: FakeConn) -> None:
+    with pytest.raises(CNIError) as e:
+        _run(tmp_path, "ADD", backend="firewalld", firewalldZone="nosuch")
+    assert e.value.msg.endswith("zone nosuch: INVALID_ZONE: nosuch")
+    _run(tmp_path, "DEL", backend="firewalld", firewalldZone="nosuch")
+    assert firewalld_zone.record(_request(tmp_path, "DEL")) is None
 
 
 def test_check_names_the_lost_source(tmp_path: Path, fake_bus: FakeConn) -> None:
