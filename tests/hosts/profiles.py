@@ -15,6 +15,10 @@ test (the judge now; the iptables-compat and firewalld backends later).
   nat MASQUERADE for 172.17.0.0/16 off ``docker0``), a ``docker0`` bridge, and br_netfilter's
   ``bridge-nf-call-iptables``/``ip6tables`` = 1 (per namespace on this kernel), loaded through
   ``iptables-nft-restore`` and through ``iptables-legacy-restore``.
+* ``firewalld`` (:data:`FIREWALLD`, used by ``test_firewalld.py`` only): Debian's firewalld 1.3
+  really running, with its own D-Bus system bus, in the host namespace and a private mount
+  namespace (:mod:`.firewalld`), default zone public and no interface bound, so it rejects
+  forwarded traffic; stopped by PID at teardown.
 """
 
 from __future__ import annotations
