@@ -74,7 +74,7 @@ def _connectivity(world: World, runtime: Runtime, net: Any, tag: str, *, go: boo
     """ADD two containers (one with host port 8080), CHECK, prove egress (TCP + ping,
     masqueraded), outside → host port, container ↔ container; zone sources present; DEL:
     sources gone and the host's ruleset as before. ``go``: the Go plugins, whose portmap fails
-    its own CHECK (``could not check ipv6 dnat``, on any host) and leaves its iptables chains, so
+    its own CHECK here (``could not check ipv6 dnat``: an IPv4-only chain) and leaves its iptables chains, so
     neither CHECK nor the ruleset is compared."""
     before = world.profile.ruleset(world.host)
     assert _sources(world) == []
