@@ -238,7 +238,8 @@ def gc(network: str, valid: Collection[tuple[str, str]], *, state_dir: str, dry_
 def restore(state_dir: str, network: str | None = None, *, address: str | None = None) -> list[str]:
     """Re-add every recorded source (of ``network``, or of all networks) firewalld lost, as after
     a ``firewall-cmd --reload``; what was restored. firewalld not running restores nothing.
-    A daemon may call this on firewalld's ``Reloaded`` signal (:func:`.kernel.firewalld.wait_reloaded`)."""
+    A daemon may call this on firewalld's ``Reloaded`` signal (:func:`heal_on_reload`). One
+    ``getSources`` per zone; only the missing sources are added."""
     store = _records(state_dir)
     wanted: list[tuple[str, str, str]] = []
     for name in store.names():
@@ -252,9 +253,12 @@ def restore(state_dir: str, network: str | None = None, *, address: str | None =
     out: list[str] = []
     try:
         with firewalld.session(address or _bus()) as bus:
+            present: dict[str, set[str]] = {}
             for zone, source, who in wanted:
                 try:
-                    if bus.add_source(zone, source):
+                    if zone not in present:
+                        present[zone] = set(bus.sources(zone))
+                    if source not in present[zone] and bus.add_source(zone, source):
                         out.append(f"restored firewalld zone {zone} source {source} of {who}")
                 except firewalld.FirewalldError as e:
                     out.append(f"could not restore firewalld zone {zone} source {source} of {who}: {e.msg}")
