@@ -403,7 +403,8 @@ class BridgePlugin(Plugin):
         host_veth = _check(request, conf, prev)
         _check_nft(request, conf, prev, host_veth)
         subnets = tuple(dict.fromkeys(ip.address.network for ip in prev.ips))
-        _host_firewall(conf, subnets)
+        hosts = tuple(ipaddress.ip_network(f"{ip.address.ip}/{ip.address.max_prefixlen}") for ip in prev.ips)
+        _host_firewall(conf, subnets, own=hosts)
 
     def gc(self, request: PluginRequest) -> GCReport:
         """Remove what this network's attachments not in ``cni.dev/valid-attachments`` left:
@@ -429,7 +430,7 @@ class BridgePlugin(Plugin):
     def status(self, request: PluginRequest) -> None:
         conf = load_config(request)
         _veth.status(request, conf.ipam_type)
-        _host_firewall(conf, _ipam_subnets(request.config), ErrorCode.LIMITED_CONNECTIVITY, iptables=False)
+        _host_firewall(conf, _ipam_subnets(request.config), ErrorCode.LIMITED_CONNECTIVITY, answered=False)
 
 
 def _remembered_mac(store: owned.VethRecords, bridge: str) -> str | None:
@@ -457,15 +458,35 @@ def _check_nft(request: PluginRequest, conf: BridgeConfig, prev: Result, host_ve
 
 
 def _host_firewall(
-    conf: BridgeConfig, subnets: tuple[hostfw.IPNetwork, ...], code: int = ErrorCode.INTERNAL, *, iptables: bool = True
+    conf: BridgeConfig,
+    subnets: tuple[hostfw.IPNetwork, ...],
+    code: int = ErrorCode.INTERNAL,
+    own: tuple[hostfw.IPNetwork, ...] = (),
+    *,
+    answered: bool = True,
 ) -> None:
     """Fail when the host's own forward filtering (another table's drop policy, legacy iptables'
     FORWARD) drops the bridge's traffic: pycni's accepts cannot overrule it (see
-    :mod:`.kernel.hostfw`). ADD goes on regardless, as the Go plugins do. STATUS leaves out
-    iptables' FORWARD (``iptables=False``): the firewall plugin's ADD puts its accepts there, so
-    a Docker host is no reason to call the network not ready before its first container."""
-    if subnets:
-        hostfw.check(hostfw.Target(conf.bridge, subnets), code=code, iptables=iptables)
+    :mod:`.kernel.hostfw`). ADD goes on regardless, as the Go plugins do. CHECK also passes
+    when the attachment's ``own`` addresses get through (firewalld zone sources, added per
+    container by the firewall plugin: :mod:`.firewalld_zone`); else it names the subnet's drop.
+    STATUS leaves out the drops the firewall plugin's ADD answers (``answered=False``: iptables'
+    FORWARD, firewalld's zones), so a Docker or firewalld host is no reason to call the network
+    not ready before its first container."""
+    if not subnets:
+        return
+    try:
+        hostfw.check(hostfw.Target(conf.bridge, subnets), code=code, answered=answered)
+    except CNIError:
+        if not own:
+            raise
+        try:
+            hostfw.check(hostfw.Target(conf.bridge, own), code=code)
+        except CNIError:
+            pass
+        else:
+            return
+        raise
 
 
 def _ipam_subnets(config: Mapping[str, Any]) -> tuple[hostfw.IPNetwork, ...]:

@@ -28,8 +28,9 @@ those of attachments not valid (recorded or only commented) and puts back lost o
 recorded attachments (so ``pycni gc --reconcile`` restores them). A host without iptables
 tables runs no iptables tool.
 
-``"backend": "firewalld"`` and ``firewalldZone`` are not served (the nftables path is used).
-A ``drop`` in the admin chain is final.
+``"backend": "firewalld"`` (zone ``firewalldZone``, default ``trusted``) makes the container's
+addresses sources of that firewalld zone over D-Bus, and so does any backend when firewalld
+rejects the container's egress (:mod:`.firewalld_zone`). A ``drop`` in the admin chain is final.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pycni.failpoints import failpoint
 from pycni.sdk import Attachment, GCReport, Plugin, PluginRequest
 from pycni.types import Result
 
+from . import firewalld_zone
 from ._common import (
     Fields,
     attachment,
@@ -126,6 +128,7 @@ class FirewallPlugin(Plugin):
             except (CNIError, OSError):
                 details = f"{details}; a DEL of the attachment removes what is left".strip("; ")
             raise fail(f"failed to add iptables rules: {msg}", details) from e
+        firewalld_zone.add(request, prev, *firewalld_zone.options(request))  # firewalld hosts
         return emit(prev, request)
 
     def check(self, request: PluginRequest) -> None:
@@ -144,9 +147,11 @@ class FirewallPlugin(Plugin):
         if problems:
             raise fail(f"firewall rules incomplete: {problems[0]}", nft.hinted(*problems[1:]))
         _compat_check(request)
+        firewalld_zone.check(request, prev, *firewalld_zone.options(request))  # firewalld hosts
 
     def delete(self, request: PluginRequest) -> None:
         _config(request)
+        firewalld_zone.delete(request, *firewalld_zone.options(request))  # firewalld hosts
         nft.release(_OWNER, attachment(request), state_dir=request.state_dir)
         try:
             _compat_del(request)
@@ -176,10 +181,12 @@ class FirewallPlugin(Plugin):
             removed += _compat_gc(request, valid, dry)
         except (CNIError, OSError) as e:
             raise fail(f"failed to collect iptables rules: {e}", "removed: " + ", ".join(removed)) from e
+        removed += firewalld_zone.gc(request.network_name, valid, state_dir=request.state_dir, dry_run=dry)
         return gc_report(removed)
 
     def status(self, request: PluginRequest) -> None:
         nftables_status()
+        firewalld_zone.status(firewalld_zone.options(request)[0])  # firewalld hosts
 
 
 def _sections(admin: str, policy: str) -> list[nft.Section]:

@@ -4,7 +4,14 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="iproute2 nftables python3-nftables python3-venv iptables containernetworking-plugins netavark procps podman containerd runc busybox-static"
+APT_PACKAGES="iproute2 nftables python3-nftables python3-venv iptables containernetworking-plugins netavark procps podman containerd runc busybox-static firewalld python3-jeepney"
+
+# No package install may start a service on this machine (firewalld, containerd, ...): the
+# tests run every daemon inside their own namespaces. invoke-rc.d asks policy-rc.d; 101 = refuse.
+if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\n# pycni setup: no service starts on package install\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod 0755 /usr/sbin/policy-rc.d
+fi
 missing=""
 for p in $APT_PACKAGES; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -26,4 +33,4 @@ if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,fuzz,bench,lint]"
     touch "$stamp"
 fi
-.venv/bin/python -c 'import nftables, pyroute2, attrs, click, hypothesis' 
+.venv/bin/python -c 'import nftables, pyroute2, attrs, click, hypothesis, jeepney' 

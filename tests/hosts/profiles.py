@@ -16,6 +16,10 @@ test (the judge now; the iptables-compat and firewalld backends later).
   ``bridge-nf-call-iptables``/``ip6tables`` = 1 (per namespace on this kernel), loaded through
   ``iptables-nft-restore`` and through ``iptables-legacy-restore``. Their drop is the one pycni's
   iptables compatibility step answers (``compat``): after ADD the containers get through.
+* ``firewalld`` (:data:`FIREWALLD`, used by ``test_firewalld.py`` only): Debian's firewalld 1.3
+  really running, with its own D-Bus system bus, in the host namespace and a private mount
+  namespace (:mod:`.firewalld`), default zone public and no interface bound, so it rejects
+  forwarded traffic; stopped by PID at teardown.
 """
 
 from __future__ import annotations
@@ -270,3 +274,52 @@ DOCKER_LEGACY = HostProfile(
     compat=True,
 )
 PROFILES = (PLAIN, HARDENED_INET, HARDENED_FIXED, DOCKER_NFT, DOCKER_LEGACY)
+
+#: The firewalld daemons running per host namespace path (:data:`FIREWALLD`).
+FIREWALLDS: dict[str, Any] = {}
+
+
+def _firewalld(path: str, bridge: str) -> None:
+    """Debian's firewalld (zone public by default, no interface bound) with its own bus, in the
+    host namespace and a private mount namespace (:mod:`.firewalld`); the test process (and the
+    plugins it runs or execs) reaches that bus through ``DBUS_SYSTEM_BUS_ADDRESS``."""
+    import tempfile
+
+    from . import firewalld
+
+    fw = firewalld.Firewalld(path, tempfile.mkdtemp(prefix="pycni-test-firewalld-"))
+    FIREWALLDS[path] = fw
+    try:
+        fw.start()
+    except BaseException:
+        _unfirewalld(path)
+        raise
+    os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = fw.address
+
+
+def _unfirewalld(path: str) -> None:
+    fw = FIREWALLDS.pop(path, None)
+    if fw is None:
+        return
+    if os.environ.get("DBUS_SYSTEM_BUS_ADDRESS") == fw.address:
+        del os.environ["DBUS_SYSTEM_BUS_ADDRESS"]
+    fw.stop()
+    shutil.rmtree(fw.work_dir, ignore_errors=True)
+
+
+def _firewalld_missing() -> str | None:
+    from . import firewalld
+
+    return firewalld.missing()
+
+
+#: firewalld 1.3 rejects forwarded traffic of interfaces in no zone; pycni's firewall plugin
+#: makes the container addresses sources of zone ``trusted``, so egress passes.
+FIREWALLD = HostProfile(
+    "firewalld",
+    _firewalld,
+    _unfirewalld,
+    "table inet firewalld chain filter_FWD_public",
+    False,
+    ("firewalld", "firewall-cmd", "dbus-daemon", "unshare", "nsenter"),
+)

@@ -200,6 +200,9 @@ def test_firewalld_public_zone_rejects_the_bridge() -> None:
     found = hostfw.judge([_firewalld("public")], WITH_PORTS, BOTH, {4: ("eth1",)})
     assert [(f.flow, f.certain) for f in found] == [("egress", True), ("bridged", True)]
     assert found[0].where == "table inet firewalld chain filter_FWD_public rule handle 101 (reject)"
+    # never a rule in firewalld's table (a reload rewrites it): zone sources, or the bridge in a zone
+    assert "sources of a firewalld zone" in found[0].remedy
+    assert found[0].remedy.endswith("--zone=trusted --add-interface=nomad; firewall-cmd --reload")
 
 
 def test_firewalld_trusted_source_clears_the_bridge() -> None:

@@ -175,16 +175,16 @@ def inspect(target: Target, only: Collection[str] | None = None) -> list[Finding
 
 
 def check(
-    target: Target, only: Collection[str] | None = None, code: int = ErrorCode.INTERNAL, *, iptables: bool = True
+    target: Target, only: Collection[str] | None = None, code: int = ErrorCode.INTERNAL, *, answered: bool = True
 ) -> None:
     """Raise ``code`` naming the first base chain that certainly drops ``target``'s traffic, the
     others in the details with the rule that lets it through. A "may drop" finding fails
     nothing: a judge unsure of a foreign rule must not fail a CHECK or a STATUS (which makes
     orchestrators call the network not ready) on a host where the traffic may well pass.
-    Without ``iptables``, drops in tables iptables writes are left out (the firewall plugin's
-    ADD puts its accepts there)."""
+    Without ``answered``, the drops the firewall plugin's ADD answers are left out: iptables'
+    ``FORWARD`` (its compatibility step) and firewalld's zones (its zone sources)."""
     try:
-        found = [f for f in inspect(target, only) if f.certain and (iptables or not f.iptables)]
+        found = [f for f in inspect(target, only) if f.certain and (answered or not f.answered)]
     except (NftError, OSError) as e:
         raise CNIError(f"cannot read the host's firewall: {e}", code=ErrorCode.INTERNAL) from e
     if found:

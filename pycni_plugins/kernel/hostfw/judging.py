@@ -10,7 +10,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import attrs
 
-from .model import Chain, Cond, Filter, Finding, Flow, IPNetwork, Target, Tri, flows
+from .model import FIREWALLD_TABLE, Chain, Cond, Filter, Finding, Flow, IPNetwork, Target, Tri, flows
 
 _MAX_DEPTH = 16
 
@@ -179,6 +179,8 @@ def judge_chain(
     if got.kind == "accept":
         return None
     remedy = iptables_rule(f, interface or flow.iif or flow.oif or "") if f.iptables else admin_rule(interface)
+    if f.where == FIREWALLD_TABLE:
+        remedy = firewalld_remedy(interface)
     if got.kind == "return":
         if chain.policy != "drop":
             return None
@@ -222,6 +224,17 @@ def admin_rule(interface: str) -> str:
     traffic through (nft syntax)."""
     q = '"' + interface.replace('"', '\\"') + '"'
     return f"iifname {q} accept; oifname {q} ct state established,related accept; oifname {q} ct status dnat accept"
+
+
+def firewalld_remedy(interface: str) -> str:
+    """What lets the attachment's traffic through firewalld: never a rule in firewalld's own
+    table (a reload rewrites it), but zone sources or the interface in a zone."""
+    q = shlex.quote(interface)
+    return (
+        "the firewall plugin makes each container's addresses sources of a firewalld zone (trusted) "
+        "where firewalld rejects their egress; after a firewalld reload `pycni gc --reconcile` re-adds "
+        f"them; or the whole bridge: firewall-cmd --permanent --zone=trusted --add-interface={q}; firewall-cmd --reload"
+    )
 
 
 def iptables_rule(f: Filter, interface: str) -> str:

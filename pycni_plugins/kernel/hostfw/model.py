@@ -26,6 +26,10 @@ class Tri(enum.Enum):
 # --- the model ------------------------------------------------------------------------------------
 
 
+#: How the judge names firewalld's table.
+FIREWALLD_TABLE = "table inet firewalld"
+
+
 @attrs.frozen
 class Cond:
     """One match of a rule. ``kind``: ``iif``/``oif`` (``values`` are name patterns), ``saddr``/
@@ -114,6 +118,12 @@ class Finding:
     remedy: str = ""
     #: In a table iptables writes, where the firewall plugin's compatibility step puts its accepts.
     iptables: bool = False
+
+    @property
+    def answered(self) -> bool:
+        """A drop the firewall plugin's ADD answers: its iptables compatibility step, or the
+        firewalld zone sources it adds where firewalld's table drops."""
+        return self.iptables or self.where.startswith(FIREWALLD_TABLE)
 
     @property
     def message(self) -> str:
