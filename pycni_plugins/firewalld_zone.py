@@ -78,7 +78,7 @@ def _sources(prev: Result) -> list[str]:
 def _rejected(prev: Result) -> bool:
     """Whether the judge finds firewalld's table certainly dropping the container's egress
     (judged for the container's own addresses, on the interface the bridge plugin reported)."""
-    if not prev.interfaces or not prev.ips or not _firewalld_table() or not _bus_present():
+    if not prev.interfaces or not prev.ips or not _bus_present() or not _firewalld_table():
         return False
     hosts = tuple(ipaddress.ip_network(f"{ip.address.ip}/{ip.address.max_prefixlen}") for ip in prev.ips)
     try:
@@ -90,10 +90,10 @@ def _rejected(prev: Result) -> bool:
 
 def _firewalld_table() -> bool:
     """Whether the calling thread's namespace has firewalld's ``table inet firewalld`` (one
-    table dump: on a host without it, ADD reads no ruleset and asks no bus)."""
+    lookup: on a host without it, ADD reads no ruleset and asks no bus)."""
     try:
         with nfnl.reading("inet") as reader:
-            return "firewalld" in reader.tables()
+            return reader.has_table("firewalld")
     except nfnl.NetlinkError:
         return False
 

@@ -77,6 +77,17 @@ class Reader:
                 return int(value)
         raise NetlinkError(errno.EPROTO, "nfnetlink: no generation id in the answer")
 
+    def has_table(self, name: str) -> bool:
+        """Whether the family has table ``name`` (one lookup, no dump)."""
+        request = self._nft.nft_table_msg()
+        request["attrs"] = [("NFTA_TABLE_NAME", name)]
+        try:
+            return bool(self._get(request, self._nft.NFT_MSG_GETTABLE, dump=False))
+        except NetlinkError as e:
+            if e.errno != errno.ENOENT:
+                raise
+            return False
+
     def tables(self) -> set[str]:
         """Names of the tables of the family."""
         msgs = self._get(self._nft.nft_table_msg(), self._nft.NFT_MSG_GETTABLE)

@@ -145,11 +145,11 @@ def bridged_hooks() -> dict[int, bool]:
 def uplinks() -> dict[int, tuple[str, ...]]:
     """The interfaces the calling thread's namespace's default routes leave through (main
     table), by IP version."""
-    from ..links import iproute
+    from ..links import get_link, iproute
 
     out: dict[int, tuple[str, ...]] = {}
     with iproute() as ipr:
-        names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
+        names: dict[int, str | None] = {}
         for version, family in ((4, 2), (6, 10)):
             found: list[str] = []
             for route in ipr.get_routes(family=family, table=254):
@@ -159,7 +159,15 @@ def uplinks() -> dict[int, tuple[str, ...]]:
                 multipath = route.get_attr("RTA_MULTIPATH")
                 if multipath:
                     hops = [hop["oif"] for hop in multipath]
-                found += [names[h] for h in hops if h in names and names[h] not in found]
+                for index in hops:
+                    # Only the default routes' links are looked up: a host with thousands of
+                    # container veths would otherwise pay for decoding every one of them.
+                    if index and index not in names:
+                        link = get_link(ipr, index=index)
+                        names[index] = link.name if link is not None else None
+                    name = names.get(index)
+                    if name is not None and name not in found:
+                        found.append(name)
             out[version] = tuple(found)
     return out
 
