@@ -127,7 +127,7 @@ def iproute() -> Iterator[IPRoute]:
     namespace gets its own instead); the main thread's is closed at exit. Any other thread,
     whose lifetime is unknown here (netns workers, pools), gets one per block.
     """
-    kept = _kept_iproute() if _keeps() else None
+    kept = _kept_iproute() if keeps_sockets() else None
     if kept is not None:
         _local.lent += 1
         try:
@@ -157,13 +157,19 @@ class _Kept(threading.local):
 _local = _Kept()
 
 
-def _keeps() -> bool:
+def keeps_sockets() -> bool:
+    """Whether the calling thread keeps its netlink sockets between blocks (see :func:`iproute`)."""
     return _local.keeps or threading.current_thread() is threading.main_thread()
 
 
-def _kept_iproute() -> IPRoute | None:
+def namespace_key() -> tuple[int, int, int]:
+    """(pid, netns dev, netns inode) of the calling thread: what a kept socket belongs to."""
     st = os.stat("/proc/thread-self/ns/net")
-    key = (os.getpid(), st.st_dev, st.st_ino)
+    return (os.getpid(), st.st_dev, st.st_ino)
+
+
+def _kept_iproute() -> IPRoute | None:
+    key = namespace_key()
     if _local.kept is None or _local.kept[0] != key:
         if _local.lent:
             return None

@@ -21,8 +21,11 @@ removed followed by its new generation id (``NFT_MSG_NEWGEN``, with the committi
 
 from __future__ import annotations
 
+import atexit
 import errno
+import os
 import select
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -39,17 +42,59 @@ class NetlinkError(OSError):
 
 @contextmanager
 def reading(family: str) -> Iterator[Reader]:
-    """A :class:`Reader` of ``family``'s tables in the calling thread's namespace."""
+    """A :class:`Reader` of ``family``'s tables in the calling thread's namespace.
+
+    Opening the socket costs more than a cached read (~0.25 ms against ~0.1 ms for the
+    generation), so a thread that keeps its ``IPRoute`` (:func:`.links.iproute`: the main
+    thread, ``pycni serve``'s workers) keeps one socket per family for its current namespace
+    too; a block nested in another gets its own, and one that raised is not kept."""
     from pyroute2.netlink.nfnetlink import nftsocket  # pyroute2 only where the skeleton is read
 
-    try:
-        sock = nftsocket.NFTSocket(nfgen_family=FAMILIES[family])
-    except OSError as e:
-        raise NetlinkError(e.errno, f"nfnetlink: {e.strerror}") from None
+    from .links import keeps_sockets, namespace_key
+
+    kept = keeps_sockets() and not _kept.lent
+    key = namespace_key() if kept else None
+    if kept and _kept.key != key:
+        _close_kept_readers()
+        _kept.key = key
+    sock = _kept.socks.get(family) if kept else None
+    if sock is None:
+        try:
+            sock = nftsocket.NFTSocket(nfgen_family=FAMILIES[family])
+        except OSError as e:
+            raise NetlinkError(e.errno, f"nfnetlink: {e.strerror}") from None
+    _kept.lent += 1
+    ok = False
     try:
         yield Reader(sock, nftsocket)
+        ok = True
     finally:
-        sock.close()
+        _kept.lent -= 1
+        if kept and ok:
+            _kept.socks[family] = sock
+        else:
+            if kept:
+                _kept.socks.pop(family, None)
+            sock.close()
+
+
+class _KeptReaders(threading.local):
+    key: tuple[int, int, int] | None = None
+    lent = 0
+
+    def __init__(self) -> None:
+        self.socks: dict[str, Any] = {}
+
+
+_kept = _KeptReaders()
+
+
+@atexit.register
+def _close_kept_readers() -> None:
+    socks, _kept.socks = _kept.socks, {}
+    if _kept.key is not None and _kept.key[0] == os.getpid():  # a forked child leaves the parent's alone
+        for sock in socks.values():
+            sock.close()
 
 
 class Reader:
