@@ -58,7 +58,7 @@ from ._common import (
     valid_attachments,
 )
 from .kernel import hostfw, iptables, layout, nft
-from .kernel.state import Records
+from .kernel.iptables import recorded
 
 __all__ = ["FirewallPlugin"]
 
@@ -198,8 +198,6 @@ def _sections(admin: str, policy: str) -> list[nft.Section]:
 
 # --- the iptables compatibility step ------------------------------------------------------------
 
-_RECORDS = "iptables"
-
 
 def _host_side(prev: Result) -> str:
     """The attachment's host-side interface: the bridge (or a ptp host veth), the first
@@ -207,28 +205,9 @@ def _host_side(prev: Result) -> str:
     return next((i.name for i in prev.interfaces if not i.sandbox), "")
 
 
-def _rules(
-    place: iptables.Place, addresses: Iterable[str], admin: Iterable[list[str]], comment: str
-) -> list[tuple[str, ...]]:
-    nets = [ipaddress.ip_interface(a) for a in addresses]
-    out = [
-        iptables.admin_tokens(iface, ipaddress.ip_network(net), chain)
-        for iface, net, chain in admin
-        if ipaddress.ip_network(net).version == place.version
-    ]
-    hosts = [ipaddress.ip_network(f"{n.ip}/{n.max_prefixlen}") for n in nets if n.version == place.version]
-    return out + iptables.attachment_rules(hosts, comment)
-
-
-def _record_places(record: Any) -> list[iptables.Place]:
-    found = [iptables.Place.from_json(p) for p in (record.get("places") or ())] if isinstance(record, dict) else []
-    return [p for p in found if p is not None]
-
-
 def _apply_record(record: dict[str, Any], tables: dict[iptables.Place, iptables.Table] | None = None) -> None:
-    for place in _record_places(record):
-        rules = _rules(place, record["addresses"], record["admin"], record["comment"])
-        iptables.apply(place, rules, (tables or {}).get(place))
+    for place in recorded.places_of(record):
+        iptables.apply(place, recorded.rules_of(record, place), (tables or {}).get(place))
 
 
 def _compat_add(request: PluginRequest, prev: Result, admin: str, forced: bool) -> None:
@@ -243,19 +222,18 @@ def _compat_add(request: PluginRequest, prev: Result, admin: str, forced: bool) 
         return  # no iptables table: nothing of iptables can drop, no tool runs
     att = attachment(request)
     bridge = _host_side(prev)
-    records = Records(_RECORDS, request.state_dir)
+    records = recorded.records(request.state_dir)
 
     def record_for(places: Iterable[iptables.Place]) -> dict[str, Any]:
-        admin_rules = [[i, str(n), admin] for i, n in iptables.nft_admin_rules(admin, bridge)] if bridge else []
-        return {
-            "network": att.network,
-            "container_id": att.container_id,
-            "ifname": att.ifname,
-            "comment": nft.comment(att, _OWNER),
-            "places": [p.to_json() for p in sorted(places)],
-            "addresses": [str(ip.address) for ip in prev.ips],
-            "admin": admin_rules,
-        }
+        admin_rules = [(i, str(n), admin) for i, n in iptables.nft_admin_rules(admin, bridge)] if bridge else []
+        return recorded.record(
+            (att.network, att.container_id, att.ifname),
+            nft.comment(att, _OWNER),
+            places,
+            [str(ip.address) for ip in prev.ips],
+            admin_rules,
+            recorded.here(),
+        )
 
     with iptables.locked(request.state_dir):
         if not forced and len(candidates) == 1 and candidates[0].flavour == "legacy" and records.load(att.key) is None:
@@ -264,8 +242,7 @@ def _compat_add(request: PluginRequest, prev: Result, admin: str, forced: bool) 
             place = candidates[0]
             record = record_for([place])
             records.store(att.key, record)  # before the rules: DEL finds them
-            rules = _rules(place, record["addresses"], record["admin"], record["comment"])
-            if iptables.append_existing(place, rules):
+            if iptables.append_existing(place, recorded.rules_of(record, place)):
                 return
             records.remove(att.key)
         # Read before the lock is safe: a stale view makes -N or -A fail the batch, then apply
@@ -301,27 +278,29 @@ def _of_key(key: str) -> Callable[[str], bool]:
 
 def _compat_del(request: PluginRequest, att: Attachment | None = None) -> None:
     att = att or attachment(request)
-    records = Records(_RECORDS, request.state_dir)
+    records = recorded.records(request.state_dir)
     record = records.load(att.key)
     if record is None:
         return
     hosts = [ipaddress.ip_interface(a) for a in record.get("addresses", ())]
+    # The record goes under the lock too: a heal (which takes it) never sees the record
+    # without the rules and puts back what this DEL removed.
     with iptables.locked(request.state_dir):
-        for place in _record_places(record):
+        for place in recorded.places_of(record):
             mine = [ipaddress.ip_network(f"{h.ip}/{h.max_prefixlen}") for h in hosts if h.version == place.version]
             if place.flavour == "nft" and iptables.remove_nft_fast(place, mine):
                 continue
             iptables.remove(place, _of_key(att.key))
-    records.remove(att.key)
+        records.remove(att.key)
 
 
 def _compat_check(request: PluginRequest) -> None:
     att = attachment(request)
-    record = Records(_RECORDS, request.state_dir).load(att.key)
+    record = recorded.records(request.state_dir).load(att.key)
     if not isinstance(record, dict):
         return
-    for place in _record_places(record):
-        gone = iptables.missing(place, _rules(place, record["addresses"], record["admin"], record["comment"]))
+    for place in recorded.places_of(record):
+        gone = iptables.missing(place, recorded.rules_of(record, place))
         if gone:
             raise fail(
                 f"expected iptables rule not found: {gone[0]}",
@@ -334,7 +313,7 @@ def _compat_gc(request: PluginRequest, valid: set[tuple[str, str]], dry: bool) -
     in ``valid``, recorded or only commented; lost rules of valid recorded ones put back where
     their table still is (a host whose iptables table went away gets none made again)."""
     network = request.network_name
-    records = Records(_RECORDS, request.state_dir)
+    records = recorded.records(request.state_dir)
     removed: list[str] = []
     keep = {Attachment(network, cid, ifname).key for cid, ifname in valid}
     places: set[iptables.Place] = set()
@@ -343,16 +322,16 @@ def _compat_gc(request: PluginRequest, valid: set[tuple[str, str]], dry: bool) -
         record = records.load(name)
         if not isinstance(record, dict) or record.get("network") != network:
             continue
-        places.update(_record_places(record))
+        places.update(recorded.places_of(record))
         if name in keep:
             restore.append(record)
         else:
             removed.append(f"iptables rules of {record.get('container_id')}/{record.get('ifname')}")
             if not dry:
                 with iptables.locked(request.state_dir):
-                    for place in _record_places(record):
+                    for place in recorded.places_of(record):
                         iptables.remove(place, _of_key(name))
-                records.remove(name)
+                    records.remove(name)
     there = {p for p in iptables.present() if iptables.look(p).iptables}
     places.update(there)
     safe = nft.Comment.of(Attachment(network, "", ""), _OWNER).network
@@ -367,7 +346,7 @@ def _compat_gc(request: PluginRequest, valid: set[tuple[str, str]], dry: bool) -
         with iptables.locked(request.state_dir):
             gone = iptables.remove(place, stray)
             for record in restore:
-                if place in there and place in _record_places(record):
+                if place in there and place in recorded.places_of(record):
                     _apply_record({**record, "places": [place.to_json()]})
         removed += [f"{place.tool()} rule {' '.join(r)}" for r in gone]
     return removed

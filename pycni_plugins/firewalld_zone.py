@@ -24,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import threading
+import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -171,12 +172,12 @@ def delete(request: PluginRequest, backend: str, zone: str) -> None:
     rec = store.load(key)
     if isinstance(rec, dict):
         zone, sources = str(rec.get("zone", zone)), [str(s) for s in rec.get("sources", ())]
+        # Under the lock a heal takes too: it never sees the record without the sources.
+        with store.locked():
+            _unbind(zone, sources)
+            store.remove(key)
     elif backend == BACKEND and (prev := _prev_or_none(request)) is not None:
-        sources = _sources(prev)
-    else:
-        return
-    _unbind(zone, sources)
-    store.remove(key)
+        _unbind(zone, _sources(prev))
 
 
 def status(backend: str) -> None:
@@ -224,11 +225,12 @@ def gc(network: str, valid: Collection[tuple[str, str]], *, state_dir: str, dry_
             continue
         if not dry_run:
             try:
-                _unbind(zone, sources)
+                with store.locked():
+                    _unbind(zone, sources)
+                    store.remove(name)
             except CNIError as e:
                 out.append(f"could not remove firewalld sources of {who}: {e.msg}")
                 continue
-            store.remove(name)
         out += [f"firewalld zone {zone} source {s} of {who}" for s in sources]
     if not dry_run:
         out += restore(state_dir, network)
@@ -241,6 +243,13 @@ def restore(state_dir: str, network: str | None = None, *, address: str | None =
     A daemon may call this on firewalld's ``Reloaded`` signal (:func:`heal_on_reload`). One
     ``getSources`` per zone; only the missing sources are added."""
     store = _records(state_dir)
+    if not store.names():
+        return []
+    with store.locked():  # a DEL's removal of sources and record is never seen half done
+        return _restore(store, network, address)
+
+
+def _restore(store: Records, network: str | None, address: str | None) -> list[str]:
     wanted: list[tuple[str, str, str]] = []
     for name in store.names():
         rec = store.load(name)
@@ -276,18 +285,24 @@ def heal_on_reload(
     retry: float = 5.0,
 ) -> None:
     """Until ``stop`` is set: wait for firewalld's ``Reloaded`` signal and :func:`restore` every
-    recorded source, logging each line — what ``pycni serve`` runs in a thread so a
-    ``firewall-cmd --reload`` costs a container its network only until the signal arrives.
-    Without a bus or firewalld it tries again every ``retry`` seconds (a restore follows each
-    reconnection: firewalld may have restarted meanwhile)."""
+    recorded source, logging one line per restore that put something back (what, how long
+    after the signal) — what ``pycni serve`` runs in a thread so a ``firewall-cmd --reload``
+    costs a container its network only until the signal arrives. Without a bus or firewalld it
+    tries again every ``retry`` seconds (a restore follows each reconnection: firewalld may have
+    restarted meanwhile)."""
+
+    def heal(cause: str) -> None:
+        since = time.monotonic()
+        lines = restore(state_dir, address=address)
+        if lines:
+            log(f"{'; '.join(lines)} ({(time.monotonic() - since) * 1000:.1f} ms after {cause})")
+
     while not stop.is_set():
         try:
             with firewalld.Reloads(address) as reloads:
-                for line in restore(state_dir, address=address):
-                    log(line)
+                heal("connecting to the bus")
                 while not stop.is_set():
                     if reloads.wait(timeout=0.5):
-                        for line in restore(state_dir, address=address):
-                            log(line)
+                        heal("firewalld's Reloaded signal")
         except firewalld.FirewalldError:
             stop.wait(retry)

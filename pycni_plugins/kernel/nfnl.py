@@ -190,7 +190,8 @@ def _jump(expressions: Any) -> str | None:
 
 
 # nf_tables.h: the message types whose notifications remove something, and the attribute that
-# names the table in each; NFT_MSG_NEWGEN ends a transaction's notifications.
+# names the table in each (and the chain, for chains and rules); NFT_MSG_NEWGEN ends a
+# transaction's notifications.
 _REMOVALS = {
     2: ("table", "NFTA_TABLE_NAME"),
     5: ("chain", "NFTA_CHAIN_TABLE"),
@@ -198,6 +199,8 @@ _REMOVALS = {
     11: ("set", "NFTA_SET_TABLE"),
     14: ("element", "NFTA_SET_ELEM_LIST_TABLE"),
 }
+_CHAIN_OF = {5: "NFTA_CHAIN_NAME", 8: "NFTA_RULE_CHAIN"}
+_NEWTABLE = 0
 _NEWGEN = 15
 _NFNLGRP_NFTABLES = 7
 _FAMILY_NAMES = {1: "inet", 2: "ip", 3: "arp", 5: "netdev", 7: "bridge", 10: "ip6"}
@@ -206,15 +209,18 @@ _FAMILY_NAMES = {1: "inet", 2: "ip", 3: "arp", 5: "netdev", 7: "bridge", 10: "ip
 class Batch:
     """One committed transaction as its notifications tell it: its generation id, the pid that
     committed it (``None``: the kernel did not say), and what it removed, as ``(kind, family,
-    table)`` (kind: table, chain, rule, set, element). ``lost`` means notifications were dropped
-    (the socket's buffer overflowed): anything may have changed."""
+    table)`` (kind: table, chain, rule, set, element), the chains it removed or removed rules of,
+    as ``(family, table, chain)``, and the tables it created, as ``(family, table)``. ``lost``
+    means notifications were dropped (the socket's buffer overflowed): anything may have changed."""
 
-    __slots__ = ("generation", "pid", "removed", "lost")
+    __slots__ = ("generation", "pid", "removed", "chains", "created", "lost")
 
     def __init__(self) -> None:
         self.generation = 0
         self.pid: int | None = None
         self.removed: set[tuple[str, str, str]] = set()
+        self.chains: set[tuple[str, str, str]] = set()
+        self.created: set[tuple[str, str]] = set()
         self.lost = False
 
     def removes(self, table: str, kinds: tuple[str, ...] = ("table", "chain", "rule", "set", "element")) -> bool:
@@ -222,7 +228,10 @@ class Batch:
         return any(kind in kinds and name == table for kind, _, name in self.removed)
 
     def __repr__(self) -> str:
-        return f"Batch({self.generation}, pid={self.pid}, removed={sorted(self.removed)}, lost={self.lost})"
+        return (
+            f"Batch({self.generation}, pid={self.pid}, removed={sorted(self.removed)}, "
+            f"chains={sorted(self.chains)}, created={sorted(self.created)}, lost={self.lost})"
+        )
 
 
 @contextmanager
@@ -294,6 +303,14 @@ class Watcher:
             done.append(batch)
             return
         removal = _REMOVALS.get(kind)
-        if removal is not None:
-            family = _FAMILY_NAMES.get(msg.get("nfgen_family", 0), str(msg.get("nfgen_family")))
-            self._open.removed.add((removal[0], family, str(msg.get_attr(removal[1]))))
+        if removal is None and kind != _NEWTABLE:
+            return
+        family = _FAMILY_NAMES.get(msg.get("nfgen_family", 0), str(msg.get("nfgen_family")))
+        if removal is None:
+            self._open.created.add((family, str(msg.get_attr("NFTA_TABLE_NAME"))))
+            return
+        table = str(msg.get_attr(removal[1]))
+        self._open.removed.add((removal[0], family, table))
+        chain = _CHAIN_OF.get(kind)
+        if chain is not None:
+            self._open.chains.add((family, table, str(msg.get_attr(chain))))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -119,6 +120,18 @@ class Records:
             except FileNotFoundError:
                 return False
             return True
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold this kind's lock (``<sub>/.lock``, an exclusive ``flock``; made with the dir),
+        which serialises what must not interleave between processes (a DEL and a heal)."""
+        with self._dir(create=True) as d:
+            fd = os.open(".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def names(self) -> list[str]:
         with self._dir(create=False) as d:

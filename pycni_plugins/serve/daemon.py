@@ -54,6 +54,7 @@ from pycni.sdk import Plugin, builtin_plugin, builtin_plugins, cancel, default_s
 from pycni.sdk.skel import respond
 
 from ..kernel import links
+from ..kernel.firewalld import bus_address
 from .heal import Healer
 from .logs import CAPTURED, field, log, logging_to
 from .request import ACCEPTED, Fallback, Gone, Request, error_outcome, receive, result_frame, try_again
@@ -410,16 +411,19 @@ class Daemon:
     def _watch(self, request: Request, env: dict[str, str]) -> None:
         """After a successful ADD: heal the caller's host namespace (``fds[0]``) if the plugin
         left nftables records in the state dir (resolved from the caller's cwd, which the
-        worker has taken)."""
+        worker has taken; the iptables compatibility step's records are there too), and
+        watch firewalld's reloads if it recorded firewalld sources there (on the system bus
+        the plugins use: the daemon's)."""
         if self.healer is None:
             return
         state_dir = os.path.abspath(default_state_dir(env))
-        if not os.path.isdir(os.path.join(state_dir, "nft")):
-            return
-        try:
-            self.healer.watch(request.fds[0], state_dir)
-        except OSError as e:  # out of fds, typically: no healing there until the next ADD
-            log.warning("heal: cannot watch the caller's namespace: %s", e.strerror)
+        if os.path.isdir(os.path.join(state_dir, "nft")):
+            try:
+                self.healer.watch(request.fds[0], state_dir)
+            except OSError as e:  # out of fds, typically: no healing there until the next ADD
+                log.warning("heal: cannot watch the caller's namespace: %s", e.strerror)
+        if request.plugin_type == "firewall" and os.path.isdir(os.path.join(state_dir, "firewalld")):
+            self.healer.watch_firewalld(state_dir, bus_address(env))
 
 
 def _raise_fd_limit() -> None:

@@ -32,13 +32,16 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from pycni import netns
 
-from ..kernel import layout, nfnl, nft
+from .. import firewalld_zone
+from ..kernel import iptables, layout, nfnl, nft
+from ..kernel.iptables import recorded
 from .logs import log
 
-__all__ = ["DEBOUNCE", "ALIVE_EVERY", "Healer"]
+__all__ = ["DEBOUNCE", "ALIVE_EVERY", "LEGACY_EVERY", "Healer"]
 
 #: Seconds to wait after a change that removed pycni's state before healing (the rest of a
 #: reload's transactions come meanwhile); the wait never exceeds :data:`DEBOUNCE_MAX`.
@@ -46,8 +49,34 @@ DEBOUNCE = 0.1
 DEBOUNCE_MAX = 0.4
 #: Seconds between two checks that a watched namespace is still referred to by anything else.
 ALIVE_EVERY = 2.0
+#: Seconds between two looks at legacy iptables' filter tables that hold pycni's recorded rules
+#: (legacy iptables sends no notifications).
+LEGACY_EVERY = 0.5
 _POLL = 0.5  # the longest a watcher waits before looking at the stop flag again
 _SHOWN = 12  # restored items named in the log line
+#: What a heal puts back: pycni's nftables tables, the compatibility step's rules in
+#: iptables-nft's tables, in legacy iptables'.
+NFT, IPTABLES_NFT, IPTABLES_LEGACY = "nft", "iptables-nft", "iptables-legacy"
+_IPTABLES_TABLES = {("ip", "filter"), ("ip6", "filter")}
+_IPTABLES_CHAINS = {"FORWARD", iptables.CHAIN}
+
+
+def _what(batch: nfnl.Batch) -> set[str]:
+    """What ``batch`` (another process's transaction) may have taken that a heal puts back:
+    pycni's own tables (a table, chain, rule or set of theirs removed — never only elements,
+    which is what every DEL removes), or the compatibility step's rules in iptables-nft's
+    tables (``table ip``/``ip6 filter`` removed or made anew, a rule or chain of ``FORWARD`` or
+    pycni's chain removed: ``iptables -F``, a Docker restart's ``iptables-restore``)."""
+    if batch.lost:
+        return {NFT, IPTABLES_NFT}
+    out = {NFT} if batch.removes(nft.TABLE, ("table", "chain", "rule", "set")) else set()
+    if (
+        any(kind == "table" and (family, table) in _IPTABLES_TABLES for kind, family, table in batch.removed)
+        or any((f, t) in _IPTABLES_TABLES and c in _IPTABLES_CHAINS for f, t, c in batch.chains)
+        or batch.created & _IPTABLES_TABLES
+    ):
+        out.add(IPTABLES_NFT)
+    return out
 
 
 def _ident(fd: int) -> tuple[int, int]:
@@ -82,6 +111,30 @@ class _Watch:
         self.fd = fd
         self.state_dirs = {state_dir}
         self.thread: threading.Thread | None = None
+        self.cookie: int | None = None  # the namespace's, once the watcher is in it
+        # Per state dir: the iptables records dir's mtime and the legacy places recorded then.
+        self.legacy: dict[str, tuple[int, frozenset[iptables.Place]]] = {}
+        self.fingerprints: dict[iptables.Place, tuple[int, ...] | None] = {}
+
+    def legacy_places(self, state_dirs: list[str]) -> dict[str, frozenset[iptables.Place]]:
+        """Per state dir served here, the legacy iptables places its records (of this
+        namespace) put rules in; read again only when the records changed (their dir's mtime)."""
+        out: dict[str, frozenset[iptables.Place]] = {}
+        for state_dir in state_dirs:
+            try:
+                mtime = os.stat(os.path.join(state_dir, recorded.SUB)).st_mtime_ns
+            except OSError:
+                continue
+            known = self.legacy.get(state_dir)
+            if known is None or known[0] != mtime:
+                try:
+                    places = recorded.recorded_places(state_dir, self.cookie)
+                except Exception:  # a refused state dir, a torn record: look again next time
+                    continue
+                known = self.legacy[state_dir] = (mtime, frozenset(p for p in places if p.flavour == "legacy"))
+            if known[1]:
+                out[state_dir] = known[1]
+        return out
 
     @property
     def name(self) -> str:
@@ -94,6 +147,7 @@ class Healer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._watches: dict[tuple[int, int], _Watch] = {}
+        self._firewalld: dict[tuple[str, str], threading.Thread] = {}
         self._stopping = threading.Event()
         self.heals = 0
 
@@ -118,6 +172,39 @@ class Healer:
                 del self._watches[ident]
                 os.close(fd)
 
+    def watch_firewalld(self, state_dir: str, address: str) -> None:
+        """Re-add ``state_dir``'s recorded firewalld zone sources whenever firewalld on the
+        system bus at ``address`` signals ``Reloaded`` (a thread per state dir and bus, until
+        the daemon stops: :func:`pycni_plugins.firewalld_zone.heal_on_reload`)."""
+        if self._stopping.is_set():
+            return
+        key = (state_dir, address)
+        with self._lock:
+            if key in self._firewalld:
+                return
+
+            def report(text: str) -> None:
+                self.heals += 1
+                log.info("heal: firewalld on %s for %s: %s", address, state_dir, text)
+
+            thread = threading.Thread(
+                target=self._firewalld_run, args=(state_dir, address, report), name="pycni-serve-heal-fw", daemon=True
+            )
+            self._firewalld[key] = thread
+            try:
+                thread.start()
+            except RuntimeError:  # no thread to be had: no healing there until the next ADD
+                del self._firewalld[key]
+
+    def _firewalld_run(self, state_dir: str, address: str, report: Callable[[str], None]) -> None:
+        log.info("heal: watching firewalld's Reloaded signal on %s for %s", address, state_dir)
+        try:
+            firewalld_zone.heal_on_reload(state_dir, self._stopping, report, address=address)
+        except Exception as e:  # a watcher's failure must not take the daemon down
+            log.warning("heal: stopped watching firewalld on %s: %s: %s", address, type(e).__name__, e)
+            with self._lock:
+                self._firewalld.pop((state_dir, address), None)
+
     def watched(self) -> list[str]:
         """The namespaces watched now (``net:[inode]``)."""
         with self._lock:
@@ -128,6 +215,7 @@ class Healer:
         self._stopping.set()
         with self._lock:
             threads = [w.thread for w in self._watches.values() if w.thread is not None]
+            threads += self._firewalld.values()
         deadline = time.monotonic() + timeout
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -137,6 +225,7 @@ class Healer:
             with contextlib.ExitStack() as stack:
                 with netns.entered(watch.fd):
                     watcher = stack.enter_context(nfnl.watching())
+                    watch.cookie = recorded.here()
                 log.info("heal: watching nftables in netns %s (thread %d)", watch.name, threading.get_native_id())
                 self._loop(watch, watcher)
         except Exception as e:  # a watcher's failure must not take the daemon down
@@ -152,59 +241,101 @@ class Healer:
         due: float | None = None
         first = 0.0
         cause = ""
+        what: set[str] = set()
         alive_checked = time.monotonic()
+        next_poll = alive_checked
         while not self._stopping.is_set():
             now = time.monotonic()
-            wait = _POLL if due is None else max(0.0, min(_POLL, due - now))
+            wait = min(_POLL, max(0.0, next_poll - now))
+            if due is not None:
+                wait = max(0.0, min(wait, due - now))
             batches = watcher.batches(wait)
             now = time.monotonic()
             for batch in batches:
                 if batch.pid == me and not batch.lost:
                     continue  # the daemon's own commits: its plugins' and its heals
-                if batch.lost or batch.removes(nft.TABLE, ("table", "chain", "rule", "set")):
+                found = _what(batch)
+                if found:
                     if due is None:
                         first = now
                         cause = "lost notifications" if batch.lost else f"a change by pid {batch.pid}"
+                    what |= found
                     due = min(now + DEBOUNCE, first + DEBOUNCE_MAX)
             if due is not None and now >= due:
                 due = None
-                self._heal(watch, first, cause)
+                self._heal(watch, first, cause, what)
+                what = set()
                 alive_checked = time.monotonic()
             elif due is None and now - alive_checked >= ALIVE_EVERY:
                 alive_checked = now
                 if not referenced(watch.ident[1]):
                     log.info("heal: netns %s is gone: stopped watching it", watch.name)
                     return
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + LEGACY_EVERY
+                self._poll_legacy(watch)
 
-    def _heal(self, watch: _Watch, first: float, cause: str) -> None:
-        started = time.monotonic()
-        restored: list[str] = []
-        problems: list[str] = []
+    def _poll_legacy(self, watch: _Watch) -> None:
+        """Legacy iptables sends no notifications: every :data:`LEGACY_EVERY` seconds, compare
+        the fingerprints of the legacy ``filter`` tables that hold recorded rules (one
+        ``getsockopt`` each, no exec) with the last ones, and on a change (or the first look)
+        put back what is missing (one ``-save``, and a ``-restore`` if something is)."""
         with self._lock:
             state_dirs = sorted(watch.state_dirs)
+        places = watch.legacy_places(state_dirs)
+        if not places:
+            watch.fingerprints.clear()
+            return
+        started = time.monotonic()
+        wanted = frozenset().union(*places.values())
+        with netns.entered(watch.fd):
+            now = {p: recorded.fingerprint(p) for p in wanted}
+        changed = any(fp is not None and watch.fingerprints.get(p) != fp for p, fp in now.items())
+        # Stored before the heal: its own -restore changes them, and the next look then checks
+        # once more (a change made between the heal and a fingerprint read after it is not missed).
+        watch.fingerprints = dict(now)
+        if changed:
+            self._heal(watch, started, "a change of legacy iptables' filter table", {IPTABLES_LEGACY}, list(places))
+
+    def _heal(
+        self, watch: _Watch, first: float, cause: str, what: set[str], state_dirs: list[str] | None = None
+    ) -> None:
+        started = time.monotonic()
+        restored: list[str] = []
+        rules: list[str] = []
+        problems: list[str] = []
+        if state_dirs is None:
+            with self._lock:
+                state_dirs = sorted(watch.state_dirs)
+        flavours = [f for f, kind in (("nft", IPTABLES_NFT), ("legacy", IPTABLES_LEGACY)) if kind in what]
         with netns.entered(watch.fd):
             for state_dir in state_dirs:
                 try:
-                    restored += nft.restore_all(state_dir, layout.record_sections)
-                except Exception as e:  # e.g. an NftError, a state dir refused: report, go on
+                    if NFT in what:
+                        restored += nft.restore_all(state_dir, layout.record_sections)
+                    if flavours:
+                        rules += recorded.restore(state_dir, flavours)
+                except Exception as e:  # e.g. an NftError, an IptablesError, a state dir refused: report, go on
                     problems.append(f"{state_dir}: {e}")
         done = time.monotonic()
-        if not restored and not problems:
+        if not restored and not rules and not problems:
             return
         self.heals += 1
-        elements = sum(1 for r in restored if r.startswith("restored "))
-        repaired = sum(1 for r in restored if r.startswith("repaired: "))
-        shown = "; ".join(restored[:_SHOWN]) + (
-            f"; … and {len(restored) - _SHOWN} more" if len(restored) > _SHOWN else ""
-        )
+        parts: list[str] = []
+        if restored or not rules:
+            elements = sum(1 for r in restored if r.startswith("restored "))
+            repaired = sum(1 for r in restored if r.startswith("repaired: "))
+            parts.append(f"repaired {repaired} skeleton problem(s), restored {elements} element(s)")
+        if rules:
+            parts.append(f"restored {sum(1 for r in rules if ' rule ' in r)} iptables rule(s)")
+        items = restored + rules
+        shown = "; ".join(items[:_SHOWN]) + (f"; … and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
         failed = f"; FAILED: {'; '.join(problems)}" if problems else ""
         log.info(
-            "heal: netns %s after %s: repaired %d skeleton problem(s), restored %d element(s) in %.1f ms, "
-            "%.1f ms after the change (%s)%s",
+            "heal: netns %s after %s: %s in %.1f ms, %.1f ms after the change (%s)%s",
             watch.name,
             cause,
-            repaired,
-            elements,
+            ", ".join(parts),
             (done - started) * 1000,
             (done - first) * 1000,
             shown,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -334,7 +335,12 @@ def test_a_watcher_of_the_reloaded_signal_restores_within_a_second(world: World)
         while _sources(world) != [f"{ip}/32"]:
             assert time.monotonic() - reloaded < scaled(1.0), "not restored within 1 s"
             time.sleep(0.02)
-        assert lines == [f"restored firewalld zone trusted source {ip}/32 of watched/eth0"]
+        assert len(lines) == 1, lines  # one line per heal: what, and how long after the signal
+        assert re.fullmatch(
+            rf"restored firewalld zone trusted source {re.escape(ip)}/32 of watched/eth0 "
+            r"\([0-9.]+ ms after firewalld's Reloaded signal\)",
+            lines[0],
+        ), lines
         with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE):
             assert _egress(world, rt)
     finally:

@@ -35,8 +35,6 @@ in the calling thread's network namespace (a child forked by a thread shares its
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -438,10 +436,5 @@ def locked(state_dir: str) -> Iterator[None]:
     """Serialise read-then-write sequences of pycni's plugins (``<state>/iptables/.lock``)."""
     from ..state import Records
 
-    with Records("iptables", state_dir)._dir(create=True) as d:
-        fd = os.open(".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=d)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with Records("iptables", state_dir).locked():
         yield
-    finally:
-        os.close(fd)
