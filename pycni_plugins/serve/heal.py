@@ -327,7 +327,7 @@ class Healer:
             repaired = sum(1 for r in restored if r.startswith("repaired: "))
             parts.append(f"repaired {repaired} skeleton problem(s), restored {elements} element(s)")
         if rules:
-            parts.append(f"restored {sum(1 for r in rules if ' rule ' in r)} iptables rule(s)")
+            parts.append(f"restored {sum(1 for r in rules if ' chain ' not in r)} iptables rule(s)")
         items = restored + rules
         shown = "; ".join(items[:_SHOWN]) + (f"; … and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
         failed = f"; FAILED: {'; '.join(problems)}" if problems else ""
