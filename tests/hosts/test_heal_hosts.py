@@ -144,6 +144,35 @@ def test_the_daemon_heals_the_iptables_step(world: World, served: Callable[..., 
     assert " heal: stopped" not in daemon.log() and "FAILED" not in daemon.log(), daemon.log()
 
 
+@pytest.mark.parametrize("profile", [DOCKER_NFT], ids=lambda p: p.name, indirect=True)
+def test_a_flushed_ruleset_then_docker_starting_again(world: World, served: Callable[..., Daemon]) -> None:
+    """``nft flush ruleset`` takes pycni's tables and iptables-nft's: pycni's come back at once,
+    and the compatibility step's rules once Docker makes its table again (no table is made
+    for them meanwhile: nothing drops there then)."""
+    from .profiles import nft
+
+    daemon = served()
+    rt, _ = world.container("r1")
+    try:
+        want = sorted(_pycni_lines(_save(world)[0]))
+        nft(world.host, "flush ruleset")
+        _wait(lambda: "table inet pycni" in nft(world.host, "list tables"), scaled(1.0), "pycni's table")
+        time.sleep(0.3)
+        assert "table ip filter" not in nft(world.host, "list tables")
+        with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE):
+            assert probes.tcp_echo(rt.netns, OUTSIDE, ECHO_PORT, timeout=2)
+        in_ns(world.host, "iptables-nft-restore", "-w", stdin=DOCKER_20_10)  # dockerd starts again
+        seconds = _wait(lambda: sorted(_pycni_lines(_save(world)[0])) == want, scaled(1.0), "healed")
+        print(f"flush ruleset, then Docker: healed within {seconds * 1000:.0f} ms")
+        with probes.TCPEchoServer(world.outside, ECHO_PORT, host=OUTSIDE):
+            assert probes.tcp_echo(rt.netns, OUTSIDE, ECHO_PORT, timeout=2)
+        world.runtime.check_network_list(world.network, rt)
+        assert len(_heals(daemon, " after a change by pid ")) == 2, daemon.log()
+    finally:
+        world.runtime.delete_network_list(world.network, rt)
+    assert _pycni_lines(_save(world)[0]) == []
+
+
 def _sources(world: World) -> list[str]:
     fw: firewalld_daemon.Firewalld = FIREWALLDS[world.host]
     with fwd.session(fw.address) as bus:
