@@ -1,4 +1,4 @@
-"""Self-healing: the daemon puts pycni's nftables state back after someone removed it.
+"""Self-healing: the daemon puts pycni's firewall state back after someone removed it.
 
 A firewall reload (``nft flush ruleset``, ``nft -f`` of a ruleset that starts with it, a
 ``systemctl reload nftables``) takes pycni's tables with it, and with them every container's
@@ -18,6 +18,20 @@ its heals) are ignored, and a transaction that only removes elements is never a 
 pycni process makes (a chain flushed to be refilled) only triggers a check that finds nothing
 missing. Elements someone deletes one by one are reported by CHECK instead, and
 ``pycni gc --reconcile`` restores them.
+
+The firewall plugin's iptables compatibility step is healed too, from its records alone
+(:func:`pycni_plugins.kernel.iptables.recorded.restore`). iptables-nft's tables are nftables
+tables, so the same watcher sees a transaction that removes ``table ip``/``ip6 filter``, a rule
+or chain of ``FORWARD`` or of ``PYCNI-FORWARD`` (``iptables -F``, a Docker restart's
+``iptables-restore``) or makes the table anew (Docker starting after a flushed ruleset), and
+puts back what is missing of the chain, the jump and the recorded rules, where the table is
+iptables' own (a table that went away is not made again). Legacy iptables sends nothing: every
+:data:`LEGACY_EVERY` seconds the watcher compares a fingerprint of each legacy ``filter`` table
+holding recorded rules (one ``getsockopt``) and checks on a change. Rules and records go
+together under the state dir's iptables lock (ADD, DEL, GC, the heal), so a DEL is never put
+back. After an ADD that recorded firewalld zone sources, a thread per state dir and system bus
+runs :func:`pycni_plugins.firewalld_zone.heal_on_reload` (firewalld's ``Reloaded`` signal)
+until the daemon stops.
 
 A watched namespace pins itself (the watcher's socket holds it), so the watcher checks every
 :data:`ALIVE_EVERY` seconds whether anything else still refers to it: a process in it, or a bind
