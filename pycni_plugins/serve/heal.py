@@ -258,6 +258,7 @@ class Healer:
         what: set[str] = set()
         alive_checked = time.monotonic()
         next_poll = alive_checked
+        polled_failed = False
         while not self._stopping.is_set():
             now = time.monotonic()
             wait = min(_POLL, max(0.0, next_poll - now))
@@ -287,7 +288,14 @@ class Healer:
                     return
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + LEGACY_EVERY
-                self._poll_legacy(watch)
+                try:
+                    self._poll_legacy(watch)
+                except Exception as e:  # the nftables watcher goes on; the next poll tries again
+                    if not polled_failed:
+                        log.warning("heal: cannot look at legacy iptables in netns %s: %s", watch.name, e)
+                    polled_failed = True
+                else:
+                    polled_failed = False
 
     def _poll_legacy(self, watch: _Watch) -> None:
         """Legacy iptables sends no notifications: every :data:`LEGACY_EVERY` seconds, compare
