@@ -144,6 +144,45 @@ def test_the_daemon_heals_the_iptables_step(world: World, served: Callable[..., 
     assert " heal: stopped" not in daemon.log() and "FAILED" not in daemon.log(), daemon.log()
 
 
+@pytest.mark.parametrize("profile", [DOCKER_NFT, DOCKER_LEGACY], ids=lambda p: p.name, indirect=True)
+def test_heals_during_concurrent_adds_and_dels_never_fight_them(world: World, served: Callable[..., Daemon]) -> None:
+    """Four ADDs at once while ``FORWARD`` is flushed, then four DELs at once while it is flushed
+    again: every container's rules are there between, nothing of pycni's after (no DEL put
+    back), and nothing comes back later."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    daemon = served()
+    first = world.container("q0")
+    made = [first]
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            adds = pool.map(lambda i: world.container(f"q{i}"), range(1, 4))
+            time.sleep(0.05)
+            _reload(world, "flush-forward")
+            made += list(adds)
+
+        def whole() -> bool:
+            lines = _pycni_lines(_save(world)[0])
+            return all(any(f"-s {ip}/32 " in ln for ln in lines) for _, ip in made) and any(
+                "-A FORWARD" in ln for ln in lines
+            )
+
+        _wait(whole, scaled(2.0), "all four containers' rules and the jump")
+        with ThreadPoolExecutor(4) as pool:
+            dels = pool.map(lambda m: world.runtime.delete_network_list(world.network, m[0]), made)
+            time.sleep(0.05)
+            _reload(world, "flush-forward")
+            list(dels)
+            made = []
+        _wait(lambda: _pycni_lines(_save(world)[0]) == [], scaled(2.0), "nothing left")
+        time.sleep(0.7)
+        assert _pycni_lines(_save(world)[0]) == [], daemon.log()
+    finally:
+        for rt, _ in made:
+            world.runtime.delete_network_list(world.network, rt)
+    assert "FAILED" not in daemon.log() and not [ln for ln in daemon.requests() if " ok " not in ln], daemon.log()
+
+
 @pytest.mark.parametrize("profile", [DOCKER_NFT], ids=lambda p: p.name, indirect=True)
 def test_a_flushed_ruleset_then_docker_starting_again(world: World, served: Callable[..., Daemon]) -> None:
     """``nft flush ruleset`` takes pycni's tables and iptables-nft's: pycni's come back at once,
