@@ -317,10 +317,17 @@ class Healer:
         # once more (a change made between the heal and a fingerprint read after it is not missed).
         watch.fingerprints = dict(now)
         if changed:
-            self._heal(watch, started, "a change of legacy iptables' filter table", {IPTABLES_LEGACY}, list(places))
+            cause = f"a change of legacy iptables' filter table (seen by the {LEGACY_EVERY:g} s poll)"
+            self._heal(watch, started, cause, {IPTABLES_LEGACY}, list(places), since="it was seen")
 
     def _heal(
-        self, watch: _Watch, first: float, cause: str, what: set[str], state_dirs: list[str] | None = None
+        self,
+        watch: _Watch,
+        first: float,
+        cause: str,
+        what: set[str],
+        state_dirs: list[str] | None = None,
+        since: str = "the change",
     ) -> None:
         started = time.monotonic()
         restored: list[str] = []
@@ -354,12 +361,13 @@ class Healer:
         shown = "; ".join(items[:_SHOWN]) + (f"; … and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
         failed = f"; FAILED: {'; '.join(problems)}" if problems else ""
         log.info(
-            "heal: netns %s after %s: %s in %.1f ms, %.1f ms after the change (%s)%s",
+            "heal: netns %s after %s: %s in %.1f ms, %.1f ms after %s (%s)%s",
             watch.name,
             cause,
             ", ".join(parts),
             (done - started) * 1000,
             (done - first) * 1000,
+            since,
             shown,
             failed,
         )
