@@ -25,8 +25,9 @@ A record under the state dir (``<state>/iptables/<key>``, written before the rul
 the rules went: DEL removes
 them (and the chain and jump with the last attachment rule), CHECK verifies them, GC removes
 those of attachments not valid (recorded or only commented) and puts back lost ones of valid
-recorded attachments (so ``pycni gc --reconcile`` restores them). A host without iptables
-tables runs no iptables tool.
+recorded attachments (so ``pycni gc --reconcile`` restores them); the record alone is enough to
+put them back (:mod:`.kernel.iptables.recorded`), which ``pycni serve`` does by itself after
+``iptables -F`` or a Docker restart. A host without iptables tables runs no iptables tool.
 
 ``"backend": "firewalld"`` (zone ``firewalldZone``, default ``trusted``) makes the container's
 addresses sources of that firewalld zone over D-Bus, and so does any backend when firewalld
