@@ -4,6 +4,7 @@ really does, and that pycni changes nothing of the host's own ruleset."""
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 
 import pytest
@@ -121,17 +122,33 @@ def test_host_ports_are_reachable_where_the_judge_finds_no_inbound_drop(world: W
         world.runtime.delete_network_list(world.network, rt)
 
 
+@pytest.mark.parametrize("daemon", [False, True], ids=["no-daemon", "daemon"])
 @pytest.mark.parametrize("profile", [HARDENED_INET], ids=lambda p: p.name, indirect=True)
-def test_exec_d_shims_report_what_in_process_reports(
-    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_shims_report_what_in_process_reports(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, daemon: bool
 ) -> None:
-    """The installed plugins, exec'd without the daemon, read the host's filters in the host
-    namespace they were exec'd in (legacy iptables through a child of that process)."""
-    from pycni_plugins.install import install
+    """The installed plugins, exec'd without the daemon or served by ``pycni serve`` (acting in
+    the namespaces the shims pass), read the host's filters in the host namespace they were
+    exec'd in: ADD succeeds, CHECK names the admin's drop."""
+    import shutil
+    import signal
+    import tempfile
 
-    monkeypatch.setenv("PYCNI_DAEMON", "off")
+    from pycni_plugins.install import install
+    from tests.serve.conftest import Daemon
+
+    types = ["loopback", "bridge", "host-local", "firewall", "portmap"]
     bindir = tmp_path / "bin"
-    install(str(bindir), ["loopback", "bridge", "host-local", "firewall", "portmap"])
+    served: Daemon | None = None
+    sock_dir = tempfile.mkdtemp(prefix="pycni-serve-")
+    if daemon:
+        sock = os.path.join(sock_dir, "s.sock")
+        install(str(bindir), types, socket=sock)
+        served = Daemon(world.host, sock, tmp_path / "serve.log", dict(os.environ), [])
+        monkeypatch.setenv("PYCNI_DAEMON", "required")
+    else:
+        install(str(bindir), types)
+        monkeypatch.setenv("PYCNI_DAEMON", "off")
     runtime = Runtime(
         [str(bindir)],
         cache_dir=str(tmp_path / "exec-cache"),
@@ -141,14 +158,22 @@ def test_exec_d_shims_report_what_in_process_reports(
     )
     ns = world.make_netns("c")
     rt = RuntimeConf("x1", ns.path, "eth0")
-    runtime.add_network_list(world.network, rt)
     try:
-        with pytest.raises(CNIError) as check:
-            runtime.check_network_list(world.network, rt)
-        assert check.value.code == ErrorCode.INTERNAL
-        assert check.value.msg == f"{world.profile.drop_where} drops forwarded traffic from {SUBNET} on bridge {BRIDGE}"
+        runtime.add_network_list(world.network, rt)
+        try:
+            with pytest.raises(CNIError) as check:
+                runtime.check_network_list(world.network, rt)
+            assert check.value.code == ErrorCode.INTERNAL
+            expected = f"{world.profile.drop_where} drops forwarded traffic from {SUBNET} on bridge {BRIDGE}"
+            assert check.value.msg == expected
+        finally:
+            runtime.delete_network_list(world.network, rt)
+        if served is not None:
+            assert any(" CHECK " in line for line in served.requests(1)), served.log()
     finally:
-        runtime.delete_network_list(world.network, rt)
+        if served is not None:
+            served.stop(signal.SIGTERM)
+        shutil.rmtree(sock_dir, ignore_errors=True)
 
 
 @pytest.mark.parametrize("profile", [PLAIN], ids=lambda p: p.name, indirect=True)
