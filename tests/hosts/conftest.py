@@ -46,6 +46,13 @@ class World:
             self.conflist.replace(b'"cniVersion": "0.4.0"', f'"cniVersion": "{version}"'.encode())
         )
 
+    def exec_runtime(self, plugin_dir: str, cache_dir: str) -> Runtime:
+        """A runtime exec'ing the plugins of ``plugin_dir`` (shims, or Go's) in the host namespace,
+        with its own cache and the world's state dir."""
+        return Runtime(
+            [plugin_dir], cache_dir=cache_dir, state_dir=self.runtime.state_dir, backend="exec", host_netns=self.host
+        )
+
     def container(self, cid: str, ports: list[dict[str, Any]] | None = None) -> tuple[RuntimeConf, str]:
         """A container namespace ADDed to the network; ``(its RuntimeConf, its address)``."""
         ns = self.make_netns("c")

@@ -158,13 +158,7 @@ def test_exec_d_shims_without_the_daemon(world: World, tmp_path: Path, monkeypat
     monkeypatch.setenv("PYCNI_DAEMON", "off")
     bindir = tmp_path / "bin"
     install(str(bindir), ["loopback", "bridge", "host-local", "firewall", "portmap"])
-    runtime = Runtime(
-        [str(bindir)],
-        cache_dir=str(tmp_path / "exec-cache"),
-        state_dir=world.runtime.state_dir,
-        backend="exec",
-        host_netns=world.host,
-    )
+    runtime = world.exec_runtime(str(bindir), str(tmp_path / "exec-cache"))
     _connectivity(world, runtime, world.network, "shim")
     _connectivity(world, runtime, _with_backend(world, {"backend": "firewalld"}), "shimfwd")
 
@@ -179,13 +173,7 @@ def test_the_go_plugins_backend_firewalld_side_by_side(world: World, tmp_path: P
     pass the same traffic cases."""
     if not os.path.exists(f"{GO_PLUGINS}/firewall"):
         (pytest.fail if REQUIRE_PRIVILEGED else pytest.skip)("the Go reference plugins are not installed")
-    runtime = Runtime(
-        [GO_PLUGINS],
-        cache_dir=str(tmp_path / "go-cache"),
-        state_dir=world.runtime.state_dir,
-        backend="exec",
-        host_netns=world.host,
-    )
+    runtime = world.exec_runtime(GO_PLUGINS, str(tmp_path / "go-cache"))
     _connectivity(world, runtime, _with_backend(world, {"backend": "firewalld"}), "go", go=True)
 
 
@@ -208,13 +196,7 @@ def test_exec_d_shims_through_the_daemon(world: World, tmp_path: Path, monkeypat
     try:
         monkeypatch.setenv("PYCNI_SOCKET", daemon.socket)
         monkeypatch.setenv("PYCNI_DAEMON", "required")
-        runtime = Runtime(
-            [str(bindir)],
-            cache_dir=str(tmp_path / "daemon-cache"),
-            state_dir=world.runtime.state_dir,
-            backend="exec",
-            host_netns=world.host,
-        )
+        runtime = world.exec_runtime(str(bindir), str(tmp_path / "daemon-cache"))
         _connectivity(world, runtime, world.network, "served")
         assert any(line.startswith("firewall ADD served1 ") for line in daemon.requests(1)), daemon.log()
     finally:

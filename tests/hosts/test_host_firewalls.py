@@ -11,7 +11,6 @@ import pytest
 
 from pycni import netns
 from pycni.errors import CNIError, ErrorCode
-from pycni.runtime import Runtime
 from pycni.runtime_conf import RuntimeConf
 from pycni.testing import probes
 from pycni_plugins import nomad
@@ -149,13 +148,7 @@ def test_shims_report_what_in_process_reports(
     else:
         install(str(bindir), types)
         monkeypatch.setenv("PYCNI_DAEMON", "off")
-    runtime = Runtime(
-        [str(bindir)],
-        cache_dir=str(tmp_path / "exec-cache"),
-        state_dir=world.runtime.state_dir,
-        backend="exec",
-        host_netns=world.host,
-    )
+    runtime = world.exec_runtime(str(bindir), str(tmp_path / "exec-cache"))
     ns = world.make_netns("c")
     rt = RuntimeConf("x1", ns.path, "eth0")
     try:

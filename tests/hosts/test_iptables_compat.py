@@ -201,8 +201,8 @@ def test_iptables_compat_always_forces_the_step_on_a_plain_host(world: World) ->
     assert world.profile.ruleset(world.host) == before  # even iptables-nft's table is gone
 
 
-@pytest.mark.parametrize("profile", [PLAIN], ids=lambda p: p.name, indirect=True)
-def test_a_plain_host_runs_no_iptables_tool(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _spy_on_processes(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The argv of every process the test's own process starts from now on."""
     import subprocess as sp
 
     ran: list[Any] = []
@@ -213,6 +213,12 @@ def test_a_plain_host_runs_no_iptables_tool(world: World, tmp_path: Path, monkey
         real(self, args, *a, **kw)
 
     monkeypatch.setattr(sp.Popen, "__init__", spy)
+    return ran
+
+
+@pytest.mark.parametrize("profile", [PLAIN], ids=lambda p: p.name, indirect=True)
+def test_a_plain_host_runs_no_iptables_tool(world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran = _spy_on_processes(monkeypatch)
     _admin_rule(world)
     rt, _ = world.container("c1", [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}])
     world.runtime.check_network_list(world.network, rt)
@@ -227,18 +233,9 @@ def test_an_admins_own_ip_filter_table_is_never_written(world: World, monkeypatc
     """An nftables ``table ip filter`` that iptables did not write (no ``FORWARD`` chain) is an
     admin's: its drop is named by CHECK, as on any hardened host, and nothing is written to it
     (no iptables tool runs at all)."""
-    import subprocess as sp
-
     nft(world.host, ADMINS_IP_FILTER)
     before = world.profile.ruleset(world.host)
-    ran: list[Any] = []
-    real = sp.Popen.__init__
-
-    def spy(self: Any, args: Any, *a: Any, **kw: Any) -> None:
-        ran.append(args)
-        real(self, args, *a, **kw)
-
-    monkeypatch.setattr(sp.Popen, "__init__", spy)
+    ran = _spy_on_processes(monkeypatch)
     rt, _ = world.container("c1")
     with pytest.raises(CNIError, match="table ip filter chain forward"):
         world.runtime.check_network_list(world.network, rt)
@@ -296,13 +293,7 @@ def test_shims_take_the_same_step(world: World, tmp_path: Path, monkeypatch: pyt
 
 
 def _shims_run(world: World, tmp_path: Path, bindir: Path) -> None:
-    runtime = Runtime(
-        [str(bindir)],
-        cache_dir=str(tmp_path / "exec-cache"),
-        state_dir=world.runtime.state_dir,
-        backend="exec",
-        host_netns=world.host,
-    )
+    runtime = world.exec_runtime(str(bindir), str(tmp_path / "exec-cache"))
     before = world.profile.ruleset(world.host)
     world.runtime = runtime
     rt, ip = world.container("x1")
@@ -371,13 +362,7 @@ def test_side_by_side_with_the_go_plugins(
             for suffix in ("", "-save", "-restore"):
                 (alternatives / f"{tool}{suffix}").symlink_to(f"/usr/sbin/{tool}-{flavour}{suffix}")
         monkeypatch.setenv("PATH", f"{alternatives}:{os.environ.get('PATH', '')}")
-        world.runtime = Runtime(
-            [REFERENCE_PLUGIN_DIR],
-            cache_dir=str(tmp_path / "go-cache"),
-            state_dir=world.runtime.state_dir,
-            backend="exec",
-            host_netns=world.host,
-        )
+        world.runtime = world.exec_runtime(REFERENCE_PLUGIN_DIR, str(tmp_path / "go-cache"))
         in_ns(world.host, f"iptables-{flavour}", "-w", "-N", "NOMAD-ADMIN")
         in_ns(world.host, f"iptables-{flavour}", "-w", "-A", "NOMAD-ADMIN", "-o", BRIDGE, "-d", SUBNET, "-j", "ACCEPT")
     else:
