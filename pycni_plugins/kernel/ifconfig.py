@@ -135,12 +135,15 @@ def _rule_tables(ipr: links.IPRoute, family: int) -> set[int]:
     return {msg.get("table") for msg in links.call(ipr.get_rules, family=family) if msg["action"] == FR_ACT_TO_TBL}
 
 
-def default_route_indexes(ipr: links.IPRoute) -> list[int]:
-    """Every link a default route can leave through: IPv4 and IPv6, every table a rule reaches,
-    each nexthop of a multipath route. Main-table IPv4 routes come first, in the kernel's order,
-    so the first index is the device Go's ``GetDefaultRouteInterfaceName`` would name."""
+def default_route_indexes(ipr: links.IPRoute, versions: Iterable[int] = (4, 6)) -> list[int]:
+    """Every link a default route can leave through: IPv4 and IPv6 (``versions``), every table a
+    rule reaches, each nexthop of a multipath route. Main-table IPv4 routes come first, in the
+    kernel's order, so the first index is the device Go's ``GetDefaultRouteInterfaceName``
+    would name."""
     found: list[tuple[int, int, int]] = []
     for rank, family in enumerate((socket.AF_INET, socket.AF_INET6)):
+        if (4 if family == socket.AF_INET else 6) not in versions:
+            continue
         tables = _rule_tables(ipr, family)
         for msg in links.call(ipr.route, "dump", family=family):
             table = msg.get("table")

@@ -143,32 +143,16 @@ def bridged_hooks() -> dict[int, bool]:
 
 
 def uplinks() -> dict[int, tuple[str, ...]]:
-    """The interfaces the calling thread's namespace's default routes leave through (main
-    table), by IP version."""
+    """The interfaces the calling thread's namespace's default routes leave through
+    (:func:`.ifconfig.default_route_indexes`), by IP version."""
+    from ..ifconfig import default_route_indexes
     from ..links import get_link, iproute
 
     out: dict[int, tuple[str, ...]] = {}
     with iproute() as ipr:
-        names: dict[int, str | None] = {}
-        for version, family in ((4, 2), (6, 10)):
-            found: list[str] = []
-            for route in ipr.get_routes(family=family, table=254):
-                if route["dst_len"] != 0 or route.get_attr("RTA_DST") is not None:
-                    continue
-                hops = [route.get_attr("RTA_OIF")]
-                multipath = route.get_attr("RTA_MULTIPATH")
-                if multipath:
-                    hops = [hop["oif"] for hop in multipath]
-                for index in hops:
-                    # Only the default routes' links are looked up: a host with thousands of
-                    # container veths would otherwise pay for decoding every one of them.
-                    if index and index not in names:
-                        link = get_link(ipr, index=index)
-                        names[index] = link.name if link is not None else None
-                    name = names.get(index)
-                    if name is not None and name not in found:
-                        found.append(name)
-            out[version] = tuple(found)
+        for version in (4, 6):
+            found = (get_link(ipr, index=index) for index in default_route_indexes(ipr, (version,)))
+            out[version] = tuple(link.name for link in found if link is not None)
     return out
 
 
