@@ -223,8 +223,15 @@ def test_harmless_commands_in_the_docs_print_what_the_docs_show(command: Command
 
 def test_parse_rejects_what_the_cli_rejects() -> None:
     # The checker itself: each of these is a mistake a page could make.
-    for args in (["nosuch"], ["add", "net"], ["add", "net", "/run/netns/x", "--bogus"], ["plugins", "lst"],
-                 ["version", "bridge", "extra"], ["nomad", "ports"], ["conf", "list", "--conf-dir"]):
+    for args in (
+        ["nosuch"],
+        ["add", "net"],
+        ["add", "net", "/run/netns/x", "--bogus"],
+        ["plugins", "lst"],
+        ["version", "bridge", "extra"],
+        ["nomad", "ports"],
+        ["conf", "list", "--conf-dir"],
+    ):
         with pytest.raises(click.UsageError):
             parse(args)
     assert parse(["conf", "show", "nomad", "--conf-dir", "x"]) == (("conf", "show"), {"conf_dir": "x", "name": "nomad"})
