@@ -112,7 +112,16 @@ def pycni_invocations(command: str) -> Iterator[list[str]]:
     lexer.whitespace_split = True
     lexer.commenters = "#"
     segment: list[str] = []
+    redirect = False
     for token in [*lexer, ";"]:
+        if redirect:  # the file of `> FILE`, `2>&1`, `< FILE`: not an argument
+            redirect = False
+            continue
+        if re.fullmatch(r"&?[<>]+&?", token):
+            redirect = True
+            if segment and segment[-1].isdigit():
+                segment.pop()  # the fd of `2>`
+            continue
         if token not in CONTROL:
             segment.append(token)
             continue
@@ -238,6 +247,10 @@ def test_parse_rejects_what_the_cli_rejects() -> None:
     assert list(pycni_invocations("sudo .venv/bin/pycni demo --json | less && FOO=1 pycni version  # hi")) == [
         ["demo", "--json"],
         ["version"],
+    ]
+    assert list(pycni_invocations("pycni conf list >nets.json 2>&1; python3 -m pycni -h </dev/null")) == [
+        ["conf", "list"],
+        ["-h"],
     ]
 
 
