@@ -5,8 +5,8 @@ Every page is found by glob, so a page added later is checked too:
 - every ``console`` block is ``$ ``-prefixed command lines followed by their output;
 - every ``pycni`` command in a ``console`` or shell block parses against the real click command
   tree (the verb exists, each option exists for it, the arguments fit), with click's own parser;
-- the cheap and harmless ones (help, versions, ``plugins list``, ``conf`` on a file of the
-  repository) are run, and their output must match what the page shows (doctest's ``...``);
+- the cheap and harmless ones (help, versions, ``plugins list``, ``nomad conflist``, ``conf`` on
+  a file of the repository) are run, and their output must match what the page shows (doctest's ``...``);
 - every ``pycon`` block runs as a doctest (a page's blocks share one namespace, in order);
   a ``python`` block is an illustration that is not run, and must at least compile;
 - every relative link resolves, anchors included, and the README links every page.
@@ -36,7 +36,7 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 PENDING = {"docs/install.md", "docs/logging.md", "docs/inspect-and-gc.md", "docs/chain.md"}
 SHELLS = {"sh", "shell", "bash", "console"}
 # Commands run for real: they read files and print, and change nothing on the machine.
-RUN_ANYWHERE = {(), ("version",), ("plugins", "list")}
+RUN_ANYWHERE = {(), ("version",), ("plugins", "list"), ("nomad", "conflist")}
 RUN_ON_REPO_FILES = {("conf", "list"): "conf_dir", ("conf", "show"): "conf_dir", ("conf", "validate"): "path"}
 CONTROL = {"&&", "||", "|", ";", "&"}
 CHECKER = doctest.OutputChecker()
