@@ -188,7 +188,12 @@ def _attachment(value: str) -> GCAttachment:
     "valid",
     multiple=True,
     metavar="CID:IFNAME",
-    help="A still-valid attachment (repeatable). Without any, every cached attachment is stale, as cnitool.",
+    help="A still-valid attachment (repeatable); every other cached attachment is stale.",
+)
+@click.option(
+    "--all-stale",
+    is_flag=True,
+    help="Treat every cached attachment as stale (cnitool's gc without valid attachments).",
 )
 @click.option(
     "--reconcile",
@@ -196,23 +201,41 @@ def _attachment(value: str) -> GCAttachment:
     help="Collect what crashes and reboots left: DEL attachments whose netns is gone, then GC every plugin "
     "with the other cached attachments valid (built-in plugins report what they removed). Prints a JSON report.",
 )
-@click.option("--dry-run", is_flag=True, help="With --reconcile: only report what would be collected.")
+@click.option("--dry-run", is_flag=True, help="Change nothing: print (JSON) what would be collected.")
 @_common
-def gc(network: str, valid: tuple[str, ...], reconcile: bool, dry_run: bool, **opts: Any) -> None:
-    """GC NETWORK: DEL stale cached attachments, then GC every plugin."""
+def gc(network: str, valid: tuple[str, ...], all_stale: bool, reconcile: bool, dry_run: bool, **opts: Any) -> None:
+    """GC NETWORK: DEL stale cached attachments, then GC every plugin.
+
+    Which attachments are stale is said explicitly: --valid for each live one, --all-stale for
+    none live, or --reconcile (those whose netns is gone). With none of them gc refuses.
+    """
+    if sum((bool(valid), all_stale, reconcile)) > 1:
+        raise click.UsageError("--valid, --all-stale and --reconcile are alternatives: choose one")
     net = load_network(opts["conf_dir"], network)
+    runtime = _runtime(opts)
     if reconcile:
-        if valid:
-            raise click.UsageError("--reconcile finds the valid attachments itself: drop --valid")
-        report = _runtime(opts).reconcile_network_list(net, dry_run=dry_run)
+        report = runtime.reconcile_network_list(net, dry_run=dry_run)
         click.echo(json.dumps(report.to_json(), indent=2))
         if report.errors:
             raise SystemExit(1)
         return
+    keep = {(a.container_id, a.ifname) for a in map(_attachment, valid)}
+    stale = [
+        f"{a.container_id}/{a.ifname} (netns {a.netns or '-'})"
+        for a in runtime.get_cached_attachments()
+        if a.network == net.name and (a.container_id, a.ifname) not in keep
+    ]
     if dry_run:
-        raise click.UsageError("--dry-run needs --reconcile")
-    attachments = [_attachment(v) for v in valid] if valid else None
-    _runtime(opts).gc_network_list(net, attachments)
+        click.echo(json.dumps({"network": net.name, "dryRun": True, "staleAttachments": stale}, indent=2))
+        return
+    if not (valid or all_stale):
+        would = f"DEL {len(stale)} cached attachment(s) ({', '.join(stale)}) and " if stale else ""
+        raise click.ClickException(
+            f"refusing to GC {net.name!r} without valid attachments: it would {would}have every plugin "
+            f"remove all it keeps for {net.name!r}; name the live ones with --valid CID:IFNAME, "
+            "or pass --all-stale (or --reconcile: only those whose netns is gone; --dry-run lists)"
+        )
+    runtime.gc_network_list(net, [_attachment(v) for v in valid] if valid else None)
 
 
 @click.command()

@@ -79,15 +79,47 @@ def test_check_and_del_and_repeated_del(env, fake_plugins):
     assert commands == ["ADD", "ADD", "CHECK", "CHECK", "DEL", "DEL", "DEL", "DEL"]
 
 
-def test_gc_without_valid_attachments_deletes_every_cached_one_like_cnitool(env, fake_plugins):
+def test_gc_with_valid_attachments_deletes_the_others_and_all_stale_deletes_every_cached_one(env, fake_plugins):
     run(["add", "testnet", "/run/netns/x"], env)
     run(["add", "testnet", "/run/netns/y"], env)
     assert run(["gc", "testnet", "--valid", f"{container_id_for('/run/netns/y')}:eth0"], env).exit_code == 0
     dels = [c["env"]["CNI_CONTAINERID"] for c in fake_plugins.calls() if c["env"]["CNI_COMMAND"] == "DEL"]
     assert dels == [container_id_for("/run/netns/x")] * 2
-    assert run(["gc", "testnet"], env).exit_code == 0
+    assert run(["gc", "testnet", "--all-stale"], env).exit_code == 0
     dels = [c["env"]["CNI_CONTAINERID"] for c in fake_plugins.calls() if c["env"]["CNI_COMMAND"] == "DEL"]
     assert dels[-2:] == [container_id_for("/run/netns/y")] * 2
+
+
+def test_gc_without_valid_or_all_stale_refuses_naming_what_it_would_remove(env, fake_plugins):
+    run(["add", "testnet", "/run/netns/x"], env)
+    out = CliRunner().invoke(cli, ["gc", "testnet"], env=env)
+    assert out.exit_code == 1
+    cid = container_id_for("/run/netns/x")
+    assert f"refusing to GC 'testnet' without valid attachments: it would DEL 1 cached attachment(s) ({cid}/eth0" in (
+        out.output
+    )
+    assert "--all-stale" in out.output and "--valid" in out.output
+    assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()] == ["ADD", "ADD"]
+
+
+def test_gc_dry_run_lists_the_stale_attachments_and_changes_nothing(env, fake_plugins):
+    run(["add", "testnet", "/run/netns/x"], env)
+    run(["add", "testnet", "/run/netns/y"], env)
+    keep = f"{container_id_for('/run/netns/y')}:eth0"
+    out = run(["gc", "testnet", "--dry-run", "--valid", keep], env)
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output) == {
+        "network": "testnet",
+        "dryRun": True,
+        "staleAttachments": [f"{container_id_for('/run/netns/x')}/eth0 (netns /run/netns/x)"],
+    }
+    assert len(json.loads(run(["gc", "testnet", "--dry-run"], env).output)["staleAttachments"]) == 2
+    assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()] == ["ADD"] * 4
+
+
+@pytest.mark.parametrize("flags", [["--all-stale", "--reconcile"], ["--all-stale", "--valid", "a:eth0"]])
+def test_gc_stale_selectors_are_alternatives(env, flags):
+    assert CliRunner().invoke(cli, ["gc", "testnet", *flags], env=env).exit_code == 2
 
 
 def test_failures_print_one_line_with_the_code_and_exit_1(env):
@@ -183,7 +215,6 @@ def test_gc_reconcile_prints_its_report_and_dry_run_changes_nothing(env, fake_pl
     real = json.loads(run(["gc", "testnet", "--reconcile"], env).output)
     assert real["staleAttachments"] and not real["dryRun"]
     assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()][2:] == ["DEL", "DEL", "GC", "GC"]
-    assert run(["gc", "testnet", "--dry-run"], env).exit_code == 2
 
 
 @pytest.mark.parametrize(
