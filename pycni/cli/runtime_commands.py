@@ -27,7 +27,15 @@ if TYPE_CHECKING:  # imported where used: the CLI loads the runtime lazily
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["COMMANDS", "container_id_for", "load_network", "embedded_network", "DEFAULT_NETWORK"]
+__all__ = [
+    "COMMANDS",
+    "container_id_for",
+    "load_network",
+    "embedded_network",
+    "DEFAULT_NETWORK",
+    "conf_dir_option",
+    "runtime_for",
+]
 
 DEFAULT_NETWORK = "nomad"
 
@@ -55,6 +63,15 @@ def embedded_network(ipam_data_dir: str | None = None) -> bytes:
     return bridge_conflist(NomadBridgeConfig(ipam_data_dir=ipam_data_dir or DEFAULT_IPAM_DATA_DIR).with_defaults())
 
 
+conf_dir_option = click.option(
+    "--conf-dir",
+    envvar="NETCONFPATH",
+    default=config.DEFAULT_CONF_DIR,
+    show_default=True,
+    help="Network configuration directory [$NETCONFPATH].",
+)
+
+
 def _timeout_option(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     from ..backends import validate_timeout
 
@@ -64,7 +81,7 @@ def _timeout_option(ctx: click.Context, param: click.Parameter, value: float | N
         raise click.BadParameter(e.msg) from None
 
 
-def _runtime(opts: dict[str, Any]) -> Runtime:
+def runtime_for(opts: dict[str, Any]) -> Runtime:
     from ..runtime import Runtime
 
     return Runtime(
@@ -104,13 +121,7 @@ def _rt(opts: dict[str, Any], netns: str) -> RuntimeConf:
 def _common(fn: F) -> F:
     """Options shared by the cnitool verbs; each defaults to cnitool's environment variable."""
     options = [
-        click.option(
-            "--conf-dir",
-            envvar="NETCONFPATH",
-            default=config.DEFAULT_CONF_DIR,
-            show_default=True,
-            help="Network configuration directory [$NETCONFPATH].",
-        ),
+        conf_dir_option,
         plugin_path_option(),
         click.option(
             "--ifname",
@@ -148,7 +159,7 @@ def _common(fn: F) -> F:
 def add(network: str, netns: str, rollback: bool, **opts: Any) -> None:
     """ADD the container in NETNS to NETWORK; print the result."""
     net = load_network(opts["conf_dir"], network)
-    result = _runtime(opts).add_network_list(net, _rt(opts, netns), rollback=rollback)
+    result = runtime_for(opts).add_network_list(net, _rt(opts, netns), rollback=rollback)
     click.echo(json.dumps(result.to_json(), indent=4), nl=False)
 
 
@@ -158,7 +169,7 @@ def add(network: str, netns: str, rollback: bool, **opts: Any) -> None:
 @_common
 def check(network: str, netns: str, **opts: Any) -> None:
     """CHECK the container's attachment to NETWORK."""
-    _runtime(opts).check_network_list(load_network(opts["conf_dir"], network), _rt(opts, netns))
+    runtime_for(opts).check_network_list(load_network(opts["conf_dir"], network), _rt(opts, netns))
 
 
 @click.command(name="del")
@@ -169,7 +180,7 @@ def check(network: str, netns: str, **opts: Any) -> None:
 def delete(network: str, netns: str, best_effort: bool, **opts: Any) -> None:
     """DEL the container's attachment to NETWORK."""
     net = load_network(opts["conf_dir"], network)
-    _runtime(opts).delete_network_list(net, _rt(opts, netns), best_effort=best_effort)
+    runtime_for(opts).delete_network_list(net, _rt(opts, netns), best_effort=best_effort)
 
 
 def _attachment(value: str) -> GCAttachment:
@@ -212,7 +223,7 @@ def gc(network: str, valid: tuple[str, ...], all_stale: bool, reconcile: bool, d
     if sum((bool(valid), all_stale, reconcile)) > 1:
         raise click.UsageError("--valid, --all-stale and --reconcile are alternatives: choose one")
     net = load_network(opts["conf_dir"], network)
-    runtime = _runtime(opts)
+    runtime = runtime_for(opts)
     if reconcile:
         report = runtime.reconcile_network_list(net, dry_run=dry_run)
         click.echo(json.dumps(report.to_json(), indent=2))
@@ -243,7 +254,7 @@ def gc(network: str, valid: tuple[str, ...], all_stale: bool, reconcile: bool, d
 @_common
 def status(network: str, **opts: Any) -> None:
     """STATUS of NETWORK's plugins (exit 1 with the plugin's code when not ready)."""
-    _runtime(opts).get_status_network_list(load_network(opts["conf_dir"], network))
+    runtime_for(opts).get_status_network_list(load_network(opts["conf_dir"], network))
 
 
 @click.command()
@@ -257,22 +268,13 @@ def version(plugin_type: str | None, **opts: Any) -> None:
     if plugin_type is None:
         out = {"pycni": __version__, "cniVersion": SUPPORTED[-1], "supportedVersions": list(SUPPORTED)}
     else:
-        out = _runtime(opts).get_version_info(plugin_type).to_json()
+        out = runtime_for(opts).get_version_info(plugin_type).to_json()
     click.echo(json.dumps(out, indent=2))
 
 
 @click.group()
 def conf() -> None:
     """Inspect a network configuration directory."""
-
-
-_conf_dir = click.option(
-    "--conf-dir",
-    envvar="NETCONFPATH",
-    default=config.DEFAULT_CONF_DIR,
-    show_default=True,
-    help="Network configuration directory [$NETCONFPATH].",
-)
 
 
 def _summary(net: config.NetworkConfigList) -> dict[str, Any]:
@@ -285,7 +287,7 @@ def _summary(net: config.NetworkConfigList) -> dict[str, Any]:
 
 
 @conf.command(name="list")
-@_conf_dir
+@conf_dir_option
 def conf_list(conf_dir: str) -> None:
     """Every network in the dir, in load order (the first file of a name wins)."""
     click.echo(json.dumps([_summary(n) for n in config.list_networks(conf_dir)], indent=2))
@@ -293,7 +295,7 @@ def conf_list(conf_dir: str) -> None:
 
 @conf.command(name="show")
 @click.argument("name")
-@_conf_dir
+@conf_dir_option
 def conf_show(name: str, conf_dir: str) -> None:
     """The network NAME as the runtime loads it (drop-ins appended, cniVersion selected)."""
     net = load_network(conf_dir, name)
