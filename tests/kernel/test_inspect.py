@@ -5,6 +5,7 @@ stale one (its netns removed) marked as `gc --reconcile` would treat it."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from click.testing import CliRunner
@@ -71,3 +72,21 @@ def test_inspect_shows_each_attachment_with_its_kernel_state_and_the_stale_one(h
     assert [(r["containerId"], r["stale"]) for r in after] == [("live", None)]
     cli_ok("del", "inspectnet", live.path, "--container-id", "live")
     assert json.loads(cli_ok("inspect", "inspectnet"))["attachments"] == []
+
+
+def test_after_a_ruleset_flush_check_names_the_reconcile_that_restores_it(host, make_netns, tmp_path):
+    confdir = tmp_path / "net.d"
+    confdir.mkdir()
+    (confdir / "10-inspect.conflist").write_text(json.dumps(_conflist(tmp_path)))
+    env = {"NETCONFPATH": str(confdir), "PYCNI_CACHE_DIR": str(tmp_path / "cache"), "PYCNI_BACKEND": "inprocess"}
+    c = make_netns("c")
+    argv = [c.path, "--container-id", "flushed"]
+    ports = ["--cap-args", '{"portMappings":[{"hostPort":8082,"containerPort":80,"protocol":"tcp"}]}']
+    assert CliRunner().invoke(cli, ["add", "inspectnet", *argv, *ports], env=env).exit_code == 0
+    subprocess.run(["nsenter", f"--net={host.path}", "nft", "flush", "ruleset"], check=True)
+    check = CliRunner().invoke(cli, ["check", "inspectnet", *argv, *ports], env=env)
+    assert check.exit_code == 1
+    assert check.output.rstrip().endswith("; run `pycni gc inspectnet --reconcile` to restore"), check.output
+    assert CliRunner().invoke(cli, ["gc", "inspectnet", "--reconcile"], env=env).exit_code == 0
+    assert CliRunner().invoke(cli, ["check", "inspectnet", *argv, *ports], env=env).exit_code == 0
+    assert CliRunner().invoke(cli, ["del", "inspectnet", *argv, *ports], env=env).exit_code == 0
