@@ -108,6 +108,10 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     from ..testing import probes
     from ..types import convert
 
+    if not netns.can_create():
+        raise click.ClickException(
+            "pycni demo needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN): it creates throwaway network namespaces"
+        )
     steps = _Steps()
     with ExitStack() as stack:
         root = stack.enter_context(_demo_dir())

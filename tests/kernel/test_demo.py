@@ -4,6 +4,8 @@ passed explicitly (the process environment is left alone)."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -43,3 +45,14 @@ def test_the_demo_passes_every_check_and_leaves_the_environment_alone(tmp_path, 
     assert os.path.basename(state) == "state" and os.path.basename(os.path.dirname(state)).startswith("pycni-demo-")
     assert env_during == str(tmp_path / "not-the-demos"), "the demo did not rewrite $PYCNI_STATE_DIR"
     assert not os.path.exists(state) and not os.path.exists(tmp_path / "not-the-demos")
+
+
+def test_the_demo_without_the_privileges_it_needs_says_so_in_one_line():
+    """As root with every capability dropped (what a non-root user lacks): one line, exit 1,
+    no traceback, nothing created."""
+    argv = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m", "pycni.cli", "demo"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr == (
+        "Error: pycni demo needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN): it creates throwaway network namespaces\n"
+    )
