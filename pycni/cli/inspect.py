@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .. import config
-from ..errors import CNIError
+from ..errors import CNIError, ConfigError
 from ._base import cache_dir_option, plugin_path_option, state_dir_option
-from .runtime_commands import DEFAULT_NETWORK, conf_dir_option, load_network, runtime_for
+from .runtime_commands import DEFAULT_NETWORK, conf_dir_option, embedded_conflist, load_network, runtime_for
 
 if TYPE_CHECKING:
     from ..cache import CachedAttachment
@@ -170,15 +170,18 @@ def inspect(network: str | None, as_json: bool, **opts: Any) -> None:
     nomad one when the cache has some): container, ifname, netns (alive or gone), addresses, host ports, host-side link,
     and what is stale (what `pycni gc NETWORK --reconcile` would change)."""
     runtime = runtime_for(opts | {"backend": "auto", "timeout": None})
+    warnings: list[str] = []
     if network is not None:
         nets = [load_network(opts["conf_dir"], network)]
     else:
-        nets = config.list_networks(opts["conf_dir"])
+        errors: list[ConfigError] = []
+        nets = config.list_networks(opts["conf_dir"], errors=errors)
+        warnings += [f"skipped {' '.join(str(e).split())}" for e in errors]
         cached = {a.network for a in runtime.get_cached_attachments()}
         if DEFAULT_NETWORK in cached and all(n.name != DEFAULT_NETWORK for n in nets):
-            nets.append(load_network(opts["conf_dir"], DEFAULT_NETWORK))
-    rows, reports, warnings = attachments_of(runtime, nets)
-    for warning in warnings:
+            nets.append(embedded_conflist())
+    rows, reports, more = attachments_of(runtime, nets)
+    for warning in warnings + more:
         click.echo(f"warning: {warning}", err=True)
     if as_json or not sys.stdout.isatty():
         click.echo(json.dumps({"attachments": rows, "reconcile": reports}, indent=2))

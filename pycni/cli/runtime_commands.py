@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from .. import _json, config
-from ..errors import CNIError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
+from ..errors import CNIError, ConfigError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
 from ..sdk import parse_cni_args
 from ._base import backend_option, cache_dir_option, plugin_path_option, state_dir_option
 
@@ -33,6 +33,7 @@ __all__ = [
     "load_network",
     "embedded_network",
     "DEFAULT_NETWORK",
+    "embedded_conflist",
     "conf_dir_option",
     "runtime_for",
 ]
@@ -51,8 +52,24 @@ def load_network(conf_dir: str, name: str) -> config.NetworkConfigList:
         return config.load_conflist(conf_dir, name)
     except (NoConfigsFoundError, NetworkNotFoundError):
         if name != DEFAULT_NETWORK:
-            raise
+            raise _unknown_network(conf_dir, name) from None
+    return embedded_conflist()
+
+
+def embedded_conflist() -> config.NetworkConfigList:
+    """The embedded default network (``nomad``) as the runtime loads it."""
     return config.conflist_from_bytes(embedded_network(), source="<embedded nomad network>")
+
+
+def _unknown_network(conf_dir: str, name: str) -> NetworkNotFoundError:
+    """One line: where it was looked for, the close names, and how to see them all."""
+    import difflib
+
+    names = [n.name for n in config.list_networks(conf_dir, errors=[])] + [DEFAULT_NETWORK]
+    close = difflib.get_close_matches(name, dict.fromkeys(names), n=3)
+    where = conf_dir if os.path.isdir(conf_dir) else f"{conf_dir} (no such directory)"
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    return NetworkNotFoundError(f"no network named {name!r} in {where}{hint}; `pycni conf list` lists them all")
 
 
 def embedded_network(ipam_data_dir: str | None = None) -> bytes:
@@ -289,8 +306,20 @@ def _summary(net: config.NetworkConfigList) -> dict[str, Any]:
 @conf.command(name="list")
 @conf_dir_option
 def conf_list(conf_dir: str) -> None:
-    """Every network in the dir, in load order (the first file of a name wins)."""
-    click.echo(json.dumps([_summary(n) for n in config.list_networks(conf_dir)], indent=2))
+    """Every network in the dir, in load order (the first file of a name wins), then the embedded
+    nomad network unless the dir has one (marked "embedded"). A file that cannot be loaded is
+    reported on stderr and the rest are listed (exit 1 then)."""
+    if not os.path.isdir(conf_dir):
+        raise click.BadParameter(f"{conf_dir} is not a directory", param_hint="--conf-dir")
+    errors: list[ConfigError] = []
+    listed = [_summary(n) for n in config.list_networks(conf_dir, errors=errors)]
+    if all(n["name"] != DEFAULT_NETWORK for n in listed):
+        listed.append(_summary(embedded_conflist()) | {"embedded": True})
+    click.echo(json.dumps(listed, indent=2))
+    for error in errors:
+        click.echo(f"pycni: skipped {' '.join(str(error).split())}", err=True)
+    if errors:
+        raise SystemExit(1)
 
 
 @conf.command(name="show")

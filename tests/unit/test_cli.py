@@ -127,7 +127,21 @@ def test_failures_print_one_line_with_the_code_and_exit_1(env):
     proc = subprocess.run(cmd, env=env | {"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1
-    assert proc.stderr.startswith("pycni: error (code 7): ") and 'no net configuration with name "nope"' in proc.stderr
+    assert proc.stderr.startswith("pycni: error (code 7): ") and "no network named 'nope'" in proc.stderr
+
+
+def test_an_unknown_network_is_one_line_naming_the_dir_once_and_the_close_names(env, tmp_path):
+    out = CliRunner().invoke(cli, ["check", "tsetnet", "/run/netns/x"], env=env)
+    assert out.exit_code == 1
+    assert out.output == (
+        f"pycni: error (code 7): no network named 'tsetnet' in {tmp_path / 'net.d'}; did you mean 'testnet'?; "
+        "`pycni conf list` lists them all\n"
+    )
+    missing = CliRunner().invoke(cli, ["del", "x", "/run/netns/x", "--conf-dir", str(tmp_path / "nope")], env=env)
+    assert missing.output == (
+        f"pycni: error (code 7): no network named 'x' in {tmp_path / 'nope'} (no such directory); "
+        "`pycni conf list` lists them all\n"
+    )
 
 
 def test_plugin_error_code_reaches_the_user(env, fake_plugins, tmp_path):
@@ -172,12 +186,34 @@ def test_conf_list_show_validate(env, tmp_path):
             "cniVersion": "1.1.0",
             "plugins": ["fake-a", "fake-b"],
             "source": str(tmp_path / "net.d" / "10-test.conflist"),
-        }
+        },
+        {
+            "name": "nomad",
+            "cniVersion": "0.4.0",
+            "plugins": ["loopback", "bridge", "firewall", "portmap"],
+            "source": "<embedded nomad network>",
+            "embedded": True,
+        },
     ]
     shown = json.loads(run(["conf", "show", "testnet"], env).output)
     assert shown["plugins"][0]["capabilities"] == {"portMappings": True}
     valid = run(["conf", "validate", str(tmp_path / "net.d" / "10-test.conflist"), "--plugins"], env)
     assert json.loads(valid.output)["capabilities"] == ["portMappings"]
+
+
+def test_conf_list_reports_a_bad_file_on_stderr_and_lists_the_rest(env, tmp_path):
+    bad = tmp_path / "net.d" / "00-bad.conflist"
+    bad.write_text("{not json")
+    out = CliRunner().invoke(cli, ["conf", "list"], env=env)
+    assert out.exit_code == 1
+    assert [n["name"] for n in json.loads(out.stdout)] == ["testnet", "nomad"]
+    assert out.stderr.startswith(f"pycni: skipped {bad}: error parsing configuration list: ")
+    assert out.stderr.count("\n") == 1
+
+
+def test_conf_list_of_a_dir_that_does_not_exist_is_an_error(env, tmp_path):
+    out = CliRunner().invoke(cli, ["conf", "list", "--conf-dir", str(tmp_path / "nope")], env=env)
+    assert out.exit_code == 2 and f"{tmp_path / 'nope'} is not a directory" in out.stderr and out.stdout == ""
 
 
 def test_embedded_default_network_when_conf_dir_lacks_nomad(env, tmp_path):
