@@ -70,16 +70,13 @@ def state_dir_option() -> Callable[[F], F]:
     )
 
 
-#: The plugin path of the verbs that also use distribution-packaged plugins (Debian: /usr/lib/cni).
-WITH_PACKAGED_PLUGINS = ":".join((*DEFAULT_PLUGIN_PATH, "/usr/lib/cni"))
-
-
-def plugin_path_option(default: str = "", name: str = "--plugin-path") -> Callable[[F], F]:
+def plugin_path_option(name: str = "--plugin-path") -> Callable[[F], F]:
+    """The plugin dirs of every verb: ``$CNI_PATH``, else the runtime's one default."""
     return click.option(
         name,
         "plugin_path",
         envvar="CNI_PATH",
-        default=default,
-        show_default=bool(default),
+        default=":".join(DEFAULT_PLUGIN_PATH),
+        show_default=True,
         help="Plugin dirs for exec'd plugins, ':'-separated [$CNI_PATH].",
     )

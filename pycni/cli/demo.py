@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from ._base import WITH_PACKAGED_PLUGINS, backend_option, plugin_path_option
+from ._base import backend_option, plugin_path_option
 
 if TYPE_CHECKING:
     from ..config import NetworkConfigList
@@ -97,7 +97,7 @@ def _describe(result: AnyResult) -> str:
 
 @click.command()
 @backend_option()
-@plugin_path_option(WITH_PACKAGED_PLUGINS)
+@plugin_path_option()
 @click.option("--json", "as_json", is_flag=True, help="Also print each ADD result as JSON.")
 def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     """Run the embedded default network over two throwaway containers and prove it works."""

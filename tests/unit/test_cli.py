@@ -279,3 +279,20 @@ def test_a_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(env, fa
     out = run(["add", "testnet", "/run/netns/x", "--timeout", value], env)
     assert out.exit_code == 2 and "--timeout" in out.output
     assert fake_plugins.calls() == []
+
+
+@pytest.mark.parametrize("verb", [["add", "absentnet", "/run/netns/x"], ["conf", "validate", "PATH", "--plugins"]])
+def test_without_cni_path_every_verb_searches_the_one_default_plugin_path(env, tmp_path, verb):
+    conf = tmp_path / "net.d" / "05-absent.conflist"
+    conf.write_text(json.dumps({"cniVersion": "1.0.0", "name": "absentnet", "plugins": [{"type": "no-such-type"}]}))
+    env = env | {"CNI_PATH": None, "PYCNI_BACKEND": "exec"}  # None: unset
+    argv = [str(conf) if a == "PATH" else a for a in verb]
+    out = CliRunner().invoke(cli, argv, env=env)
+    assert out.exit_code == 1
+    assert 'failed to find plugin "no-such-type" in path [/opt/cni/bin /usr/lib/cni]' in out.output
+
+
+@pytest.mark.parametrize("verb", [["demo"], ["nomad", "setup"], ["inspect"], ["add"]])
+def test_every_verb_shows_the_same_default_plugin_path(verb):
+    out = CliRunner().invoke(cli, [*verb, "--help"])
+    assert "[default: /opt/cni/bin:/usr/lib/cni]" in " ".join(out.output.split())
