@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
@@ -14,7 +15,21 @@ from ..runtime import DEFAULT_PLUGIN_PATH
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["CNIFailure", "Group", "backend_option", "cache_dir_option", "state_dir_option", "plugin_path_option"]
+__all__ = [
+    "CNIFailure",
+    "Group",
+    "on_terminal",
+    "backend_option",
+    "cache_dir_option",
+    "state_dir_option",
+    "plugin_path_option",
+]
+
+
+def on_terminal() -> bool:
+    """Whether stdout is a terminal: a person reading, not a script (who gets JSON, or nothing
+    but the exit status)."""
+    return sys.stdout.isatty()
 
 
 class CNIFailure(click.ClickException):

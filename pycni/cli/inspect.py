@@ -11,7 +11,6 @@ decides, nothing here re-derives it. A table on a terminal, JSON otherwise (or w
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +18,7 @@ import click
 
 from .. import config
 from ..errors import CNIError, ConfigError
-from ._base import cache_dir_option, plugin_path_option, state_dir_option
+from ._base import cache_dir_option, on_terminal, plugin_path_option, state_dir_option
 from .runtime_commands import DEFAULT_NETWORK, conf_dir_option, embedded_conflist, load_network, runtime_for
 
 if TYPE_CHECKING:
@@ -183,7 +182,7 @@ def inspect(network: str | None, as_json: bool, **opts: Any) -> None:
     rows, reports, more = attachments_of(runtime, nets)
     for warning in warnings + more:
         click.echo(f"warning: {warning}", err=True)
-    if as_json or not sys.stdout.isatty():
+    if as_json or not on_terminal():
         click.echo(json.dumps({"attachments": rows, "reconcile": reports}, indent=2))
         return
     for line in _table(rows):

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from .. import _json, config
+from ..cache import DEFAULT_CACHE_DIR
 from ..errors import CNIError, ConfigError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
 from ..sdk import parse_cni_args
-from ._base import backend_option, cache_dir_option, plugin_path_option, state_dir_option
+from ..version import supports_status
+from ._base import backend_option, cache_dir_option, on_terminal, plugin_path_option, state_dir_option
 
 if TYPE_CHECKING:  # imported where used: the CLI loads the runtime lazily
     from ..runtime import Runtime
@@ -103,10 +105,10 @@ def runtime_for(opts: dict[str, Any]) -> Runtime:
 
     return Runtime(
         opts["plugin_path"].split(":") if opts["plugin_path"] else None,
-        cache_dir=opts["cache_dir"],
-        state_dir=opts["state_dir"],
+        cache_dir=opts.get("cache_dir") or DEFAULT_CACHE_DIR,
+        state_dir=opts.get("state_dir"),
         backend=opts["backend"],
-        timeout=opts["timeout"],
+        timeout=opts.get("timeout"),
     )
 
 
@@ -135,37 +137,53 @@ def _rt(opts: dict[str, Any], netns: str) -> RuntimeConf:
     )
 
 
-def _common(fn: F) -> F:
-    """Options shared by the cnitool verbs; each defaults to cnitool's environment variable."""
-    options = [
-        conf_dir_option,
-        plugin_path_option(),
-        click.option(
-            "--ifname",
-            "-i",
-            envvar="CNI_IFNAME",
-            default="eth0",
-            show_default=True,
-            help="Interface name in the container [$CNI_IFNAME].",
-        ),
-        click.option("--container-id", default="", help="Container ID (default: derived from NETNS like cnitool)."),
-        click.option("--args", envvar="CNI_ARGS", default="", help="CNI_ARGS, K=V;K2=V2 [$CNI_ARGS]."),
-        click.option("--cap-args", envvar="CAP_ARGS", default="", help="Capability args, a JSON object [$CAP_ARGS]."),
-        cache_dir_option(),
-        state_dir_option(),
-        click.option(
-            "--timeout",
-            type=float,
-            callback=_timeout_option,
-            envvar="PYCNI_TIMEOUT",
-            default=None,
-            help="Seconds per exec'd plugin call [$PYCNI_TIMEOUT].",
-        ),
-        backend_option(),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+#: Every option of the cnitool verbs, in help order; each defaults to cnitool's environment variable.
+_OPTIONS: dict[str, Callable[[F], F]] = {
+    "conf_dir": conf_dir_option,
+    "plugin_path": plugin_path_option(),
+    "ifname": click.option(
+        "--ifname",
+        "-i",
+        envvar="CNI_IFNAME",
+        default="eth0",
+        show_default=True,
+        help="Interface name in the container [$CNI_IFNAME].",
+    ),
+    "container_id": click.option(
+        "--container-id", default="", help="Container ID (default: derived from NETNS like cnitool)."
+    ),
+    "args": click.option("--args", envvar="CNI_ARGS", default="", help="CNI_ARGS, K=V;K2=V2 [$CNI_ARGS]."),
+    "cap_args": click.option(
+        "--cap-args", envvar="CAP_ARGS", default="", help="Capability args, a JSON object [$CAP_ARGS]."
+    ),
+    "cache_dir": cache_dir_option(),
+    "state_dir": state_dir_option(),
+    "timeout": click.option(
+        "--timeout",
+        type=float,
+        callback=_timeout_option,
+        envvar="PYCNI_TIMEOUT",
+        default=None,
+        help="Seconds per exec'd plugin call [$PYCNI_TIMEOUT].",
+    ),
+    "backend": backend_option(),
+}
+
+
+def _with(*names: str) -> Callable[[F], F]:
+    """The options ``names`` (a verb lists only those it uses)."""
+
+    def apply(fn: F) -> F:
+        for name in reversed([n for n in _OPTIONS if n in names]):
+            fn = _OPTIONS[name](fn)
+        return fn
+
+    return apply
+
+
+_PLUGINS = ("plugin_path", "state_dir", "timeout", "backend")
+#: add, check, del: a network and one attachment.
+_common = _with("conf_dir", "ifname", "container_id", "args", "cap_args", "cache_dir", *_PLUGINS)
 
 
 @click.command()
@@ -186,7 +204,11 @@ def add(network: str, netns: str, rollback: bool, **opts: Any) -> None:
 @_common
 def check(network: str, netns: str, **opts: Any) -> None:
     """CHECK the container's attachment to NETWORK."""
-    runtime_for(opts).check_network_list(load_network(opts["conf_dir"], network), _rt(opts, netns))
+    net, rt = load_network(opts["conf_dir"], network), _rt(opts, netns)
+    runtime_for(opts).check_network_list(net, rt)
+    if on_terminal():
+        skipped = " (disableCheck: nothing checked)" if net.disable_check else ""
+        click.echo(f"{net.name}: {rt.container_id}/{rt.ifname} checks out{skipped}")
 
 
 @click.command(name="del")
@@ -230,7 +252,7 @@ def _attachment(value: str) -> GCAttachment:
     "with the other cached attachments valid (built-in plugins report what they removed). Prints a JSON report.",
 )
 @click.option("--dry-run", is_flag=True, help="Change nothing: print (JSON) what would be collected.")
-@_common
+@_with("conf_dir", "cache_dir", *_PLUGINS)
 def gc(network: str, valid: tuple[str, ...], all_stale: bool, reconcile: bool, dry_run: bool, **opts: Any) -> None:
     """GC NETWORK: DEL stale cached attachments, then GC every plugin.
 
@@ -268,15 +290,21 @@ def gc(network: str, valid: tuple[str, ...], all_stale: bool, reconcile: bool, d
 
 @click.command()
 @click.argument("network")
-@_common
+@_with("conf_dir", *_PLUGINS)
 def status(network: str, **opts: Any) -> None:
     """STATUS of NETWORK's plugins (exit 1 with the plugin's code when not ready)."""
-    runtime_for(opts).get_status_network_list(load_network(opts["conf_dir"], network))
+    net = load_network(opts["conf_dir"], network)
+    runtime_for(opts).get_status_network_list(net)
+    if on_terminal():
+        if supports_status(net.cni_version):
+            click.echo(f"{net.name}: ready ({len(net.plugins)} plugin(s) answered STATUS)")
+        else:
+            click.echo(f"{net.name}: cniVersion {net.cni_version} predates STATUS; nothing to ask")
 
 
 @click.command()
 @click.argument("plugin_type", required=False)
-@_common
+@_with("plugin_path", "timeout", "backend")
 def version(plugin_type: str | None, **opts: Any) -> None:
     """pycni's version, or a plugin's VERSION answer."""
     from .. import __version__

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -296,3 +297,28 @@ def test_without_cni_path_every_verb_searches_the_one_default_plugin_path(env, t
 def test_every_verb_shows_the_same_default_plugin_path(verb):
     out = CliRunner().invoke(cli, [*verb, "--help"])
     assert "[default: /opt/cni/bin:/usr/lib/cni]" in " ".join(out.output.split())
+
+
+@pytest.mark.parametrize(
+    "verb, absent",
+    [
+        ("version", ["--conf-dir", "--ifname", "--container-id", "--args", "--cap-args", "--cache-dir", "--state-dir"]),
+        ("status", ["--ifname", "--container-id", "--args", "--cap-args", "--cache-dir"]),
+        ("gc", ["--ifname", "--container-id", "--args", "--cap-args"]),
+    ],
+)
+def test_verbs_offer_only_the_options_they_use(verb, absent):
+    options = {p.opts[0] for p in cli.commands[verb].params if isinstance(p, click.Option)}
+    assert options and not options & set(absent)
+
+
+def test_check_and_status_confirm_on_a_terminal_and_stay_silent_for_scripts(env, monkeypatch):
+    from pycni.cli import runtime_commands
+
+    run(["add", "testnet", "/run/netns/x"], env)
+    assert run(["check", "testnet", "/run/netns/x"], env).output == ""
+    assert run(["status", "testnet"], env).output == ""
+    monkeypatch.setattr(runtime_commands, "on_terminal", lambda: True)
+    checked = run(["check", "testnet", "/run/netns/x"], env).output
+    assert checked == f"testnet: {container_id_for('/run/netns/x')}/eth0 checks out\n"
+    assert run(["status", "testnet"], env).output == "testnet: ready (2 plugin(s) answered STATUS)\n"
