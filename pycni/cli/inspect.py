@@ -117,7 +117,7 @@ def attachments_of(
         for stale in report.stale_attachments:
             for key, row in rows.items():
                 if key[0] == net.name and stale.startswith(f"{key[1]}/{key[2]} "):
-                    row["stale"] = f"netns gone: reconcile DELs it ({stale})"
+                    row["stale"] = "netns gone: gc --reconcile DELs it"
     if any(builtin_plugin(p.type) is not None for n in nets for p in n.plugins):
         try:
             groups: dict[str, Any] = hooks.hook(hooks.NFT_ATTACHMENTS)(runtime.state_dir)
@@ -189,6 +189,6 @@ def inspect(network: str | None, as_json: bool, **opts: Any) -> None:
         click.echo(line)
     for report in reports:
         for item in report["collected"]:
-            click.echo(f"{report['network']}: `pycni gc {report['network']} --reconcile` would remove {item}")
+            click.echo(f"{report['network']}: `pycni gc {report['network']} --reconcile` would change {item}")
         for item in report["skipped"]:
             click.echo(f"{report['network']}: not inspected by the dry run: {item}")

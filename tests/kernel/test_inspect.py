@@ -53,17 +53,23 @@ def test_inspect_shows_each_attachment_with_its_kernel_state_and_the_stale_one(h
     cli_ok("add", "inspectnet", live.path, "--container-id", "live", "--cap-args", ports)
     cli_ok("add", "inspectnet", doomed.path, "--container-id", "doomed")
     netns.remove(doomed.name)  # a container whose namespace went without a DEL
+    (tmp_path / "ipam" / "inspectnet" / "198.18.71.99").write_bytes(b"crashed\r\neth0")  # ADD died before the cache
 
     out = json.loads(cli_ok("inspect", "inspectnet"))
     rows = {r["containerId"]: r for r in out["attachments"]}
-    assert sorted(rows) == ["doomed", "live"]
+    assert sorted(rows) == ["crashed", "doomed", "live"]
+    orphan = rows["crashed"]
+    assert (orphan["cached"], orphan["leases"], orphan["netns"]) == (False, ["198.18.71.99"], None)
+    assert orphan["stale"] == "not in the cache: the plugins' GC collects it"
+    lease = "bridge: host-local lease 198.18.71.99 of crashed/eth0 (network inspectnet)"
+    assert out["reconcile"][0]["collected"] == [lease]
     ok, gone = rows["live"], rows["doomed"]
     assert (ok["netns"], ok["netnsAlive"], ok["stale"]) == (live.path, True, None)
     assert ok["hostPorts"] == ["8081/tcp->80"]
     assert [a.split("/")[0] for a in ok["addresses"]] == ok["leases"]
     assert ok["hostLinks"][0] == "pbr-insp" and ok["hostLinks"][1].startswith("veth")
     assert ok["nftElements"] == {"masq": 1, "portmap": 2}
-    assert gone["netnsAlive"] is False and gone["stale"].startswith("netns gone: reconcile DELs it")
+    assert gone["netnsAlive"] is False and gone["stale"] == "netns gone: gc --reconcile DELs it"
     assert gone["leases"], "the stale attachment's lease is still there, for gc --reconcile to release"
 
     report = json.loads(cli_ok("gc", "inspectnet", "--reconcile"))

@@ -46,7 +46,7 @@ def test_inspect_lists_each_cached_attachment_and_marks_the_one_whose_netns_is_g
     assert (live["ifname"], live["netns"], live["netnsAlive"], live["stale"]) == ("eth0", alive, True, None)
     assert live["addresses"] == ["198.18.0.2/24"] and live["hostPorts"] == ["8080/tcp->80"]
     assert (gone["ifname"], gone["netnsAlive"]) == ("net1", False)
-    assert gone["stale"].startswith("netns gone: reconcile DELs it")
+    assert gone["stale"] == "netns gone: gc --reconcile DELs it"
     assert out["reconcile"][0]["dryRun"] and len(out["reconcile"][0]["staleAttachments"]) == 1
     assert len(fake_plugins.calls()) == calls, "inspect changed something"
 
