@@ -271,19 +271,18 @@ def gc(network: str, valid: tuple[str, ...], all_stale: bool, reconcile: bool, d
         return
     keep = {(a.container_id, a.ifname) for a in map(_attachment, valid)}
     stale = [
-        f"{a.container_id}/{a.ifname} (netns {a.netns or '-'})"
-        for a in runtime.get_cached_attachments()
-        if a.network == net.name and (a.container_id, a.ifname) not in keep
+        a for a in runtime.get_cached_attachments() if a.network == net.name and (a.container_id, a.ifname) not in keep
     ]
     if dry_run:
-        click.echo(json.dumps({"network": net.name, "dryRun": True, "staleAttachments": stale}, indent=2))
+        listed = [f"{a.container_id}/{a.ifname} (netns {a.netns or '-'})" for a in stale]
+        click.echo(json.dumps({"network": net.name, "dryRun": True, "staleAttachments": listed}, indent=2))
         return
     if not (valid or all_stale):
-        would = f"DEL {len(stale)} cached attachment(s) ({', '.join(stale)}) and " if stale else ""
+        would = f"DEL {', '.join(f'{a.container_id}/{a.ifname}' for a in stale)} and " if stale else ""
         raise click.ClickException(
-            f"refusing to GC {net.name!r} without valid attachments: it would {would}have every plugin "
-            f"remove all it keeps for {net.name!r}; name the live ones with --valid CID:IFNAME, "
-            "or pass --all-stale (or --reconcile: only those whose netns is gone; --dry-run lists)"
+            f"refusing to GC {net.name!r} without valid attachments: it would {would}have every plugin remove "
+            f"all it keeps for {net.name!r}. Name the live ones with --valid CID:IFNAME, pass --all-stale, "
+            "or --reconcile (only those whose netns is gone); --dry-run lists"
         )
     runtime.gc_network_list(net, [_attachment(v) for v in valid] if valid else None)
 
