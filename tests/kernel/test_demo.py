@@ -3,6 +3,7 @@ passed explicitly (the process environment is left alone)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,3 +57,13 @@ def test_the_demo_without_the_privileges_it_needs_says_so_in_one_line():
     assert proc.stderr == (
         "Error: pycni demo needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN): it creates throwaway network namespaces\n"
     )
+
+
+def test_the_demo_with_json_prints_one_json_document_and_nothing_else():
+    result = CliRunner().invoke(demo, ["--backend", "inprocess", "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert document["passed"] and document["network"] == "nomad"
+    assert sorted(document["results"]) == ["c1", "c2"]
+    assert document["results"]["c1"]["ips"][0]["address"].startswith("172.26.64.")
+    assert all(step["ok"] for step in document["steps"]) and len(document["steps"]) >= 10
