@@ -72,6 +72,8 @@ class HostLocalPlugin(Plugin):
 
         conf = load_config(request)
         valid = valid_attachments(request)
+        if dry_run(request) and not os.path.isdir(os.path.join(conf.data_dir, conf.name)):
+            return gc_report([])  # no lease to report, and a dry run makes no directory
         with DiskStore(conf.data_dir, conf.name) as store, store.locked():
             removed = store.collect(valid, dry_run=dry_run(request))
         return gc_report([f"host-local lease {ip} of {owner} (network {conf.name})" for ip, owner in removed])

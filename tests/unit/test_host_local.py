@@ -650,3 +650,9 @@ def test_the_ipam_leases_hook_lists_every_lease_of_the_network_and_creates_nothi
     assert network_leases(NET, bridge) == [("198.18.9.2", "ctr1/eth0"), ("198.18.9.3", "old (legacy lease)")]
     assert network_leases(NET, ipam) == network_leases(NET, bridge)
     assert network_leases(NET, {"type": "bridge", "ipam": {"type": "static"}}) == []
+
+
+def test_a_gc_dry_run_of_a_network_without_leases_makes_no_directory(tmp_path: Path) -> None:
+    conf = make_conf(tmp_path / "ipam", version="1.1.0") | {"pycni.dev/dry-run": True}
+    assert run("GC", conf) == {"removed": []}
+    assert not (tmp_path / "ipam").exists()
