@@ -5,12 +5,14 @@ live namespace, addresses, host ports, host-side links) merged with what the bui
 keep of it (host-local leases, pycni's nftables elements and records, reached through the
 ``pycni.hooks`` entry points, never by importing the plugins). What is stale is what
 ``pycni gc NETWORK --reconcile`` would change: its dry run (:meth:`Runtime.reconcile_network_list`)
-decides, nothing here re-derives it. A table on a terminal, JSON otherwise (or with ``--json``).
+decides (its stale attachments, and what its plugins would collect, matched to the attachment
+each item names). A table on a terminal, JSON otherwise (or with ``--json``).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +54,7 @@ def _row(network: str, container_id: str, ifname: str) -> dict[str, Any]:
         "hostLinks": [],
         "leases": [],
         "nftElements": {},
+        "reconcile": [],
         "stale": None,
     }
 
@@ -110,7 +113,7 @@ def attachments_of(
                 warnings.append(f"{net.name}: host-local leases of {plugin.type} unreadable: {e}")
                 continue
             for ip, owner in leases:
-                cid, sep, ifname = owner.partition("/")  # a legacy lease: "<containerID> (legacy lease)"
+                cid, _, ifname = owner.partition("/")  # a legacy lease: "<containerID> (legacy lease)"
                 rows.setdefault((net.name, cid, ifname), _row(net.name, cid, ifname))["leases"].append(ip)
         report = runtime.reconcile_network_list(net, dry_run=True)
         reports.append(report.to_json())
@@ -132,9 +135,15 @@ def attachments_of(
                 continue
             row = rows.setdefault(owner, _row(*owner))
             row["nftElements"] = {o: len(e) for o, e in group.get("elements", {}).items()}
+    for done in reports:
+        for item in done["collected"]:
+            for row in rows.values():
+                who = re.escape(f"{row['containerId']}/{row['ifname']}")
+                if row["network"] == done["network"] and re.search(rf" of {who}(\s|$)", item):
+                    row["reconcile"].append(item)
     for row in rows.values():
         if not row["cached"]:
-            row["stale"] = "not in the cache: the plugins' GC collects it"
+            row["stale"] = "not in the cache" + (": gc --reconcile collects it" if row["reconcile"] else "")
     return sorted(rows.values(), key=lambda r: (r["network"], r["containerId"], r["ifname"])), reports, warnings
 
 

@@ -60,9 +60,9 @@ def test_inspect_shows_each_attachment_with_its_kernel_state_and_the_stale_one(h
     assert sorted(rows) == ["crashed", "doomed", "live"]
     orphan = rows["crashed"]
     assert (orphan["cached"], orphan["leases"], orphan["netns"]) == (False, ["198.18.71.99"], None)
-    assert orphan["stale"] == "not in the cache: the plugins' GC collects it"
+    assert orphan["stale"] == "not in the cache: gc --reconcile collects it"
     lease = "bridge: host-local lease 198.18.71.99 of crashed/eth0 (network inspectnet)"
-    assert out["reconcile"][0]["collected"] == [lease]
+    assert out["reconcile"][0]["collected"] == orphan["reconcile"] == [lease]
     ok, gone = rows["live"], rows["doomed"]
     assert (ok["netns"], ok["netnsAlive"], ok["stale"]) == (live.path, True, None)
     assert ok["hostPorts"] == ["8081/tcp->80"]
