@@ -318,13 +318,21 @@ def load_conflist(directory: str, name: str) -> NetworkConfigList:
         raise
 
 
-def list_networks(directory: str) -> list[NetworkConfigList]:
-    """Every network in ``directory`` in load order (first file of a name wins), for inspection."""
+def list_networks(directory: str, *, errors: list[ConfigError] | None = None) -> list[NetworkConfigList]:
+    """Every network in ``directory`` in load order (first file of a name wins), for inspection.
+
+    A file that fails to parse raises, unless ``errors`` is given: then it is appended there and
+    the listing goes on with the other files.
+    """
     seen: dict[str, NetworkConfigList] = {}
-    for path in conf_files(directory, CONFLIST_EXTS):
-        conflist = conflist_from_file(path)
-        seen.setdefault(conflist.name, conflist)
-    for path in conf_files(directory, CONF_EXTS):
-        conflist = conflist_from_conf(conf_from_file(path))
+    lists = conf_files(directory, CONFLIST_EXTS)
+    for path in lists + conf_files(directory, CONF_EXTS):
+        try:
+            conflist = conflist_from_file(path) if path in lists else conflist_from_conf(conf_from_file(path))
+        except ConfigError as e:
+            if errors is None:
+                raise
+            errors.append(e)
+            continue
         seen.setdefault(conflist.name, conflist)
     return list(seen.values())

@@ -39,6 +39,7 @@ __all__ = [
     "bound",
     "identity",
     "create",
+    "can_create",
     "remove",
     "Throwaway",
     "RUN_DIR",
@@ -199,6 +200,21 @@ def run_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: A
 
 def _path(name: str) -> str:
     return name if "/" in name else f"{RUN_DIR}/{name}"
+
+
+#: What making a named namespace takes: unshare(CLONE_NEWNET) and the bind mount under /run/netns.
+_CAP_NET_ADMIN, _CAP_SYS_ADMIN = 12, 21
+
+
+def can_create() -> bool:
+    """Whether this process has what :func:`create` needs (CAP_SYS_ADMIN and CAP_NET_ADMIN in
+    its effective set: root, unless its capabilities were dropped)."""
+    try:
+        with open("/proc/self/status") as f:
+            effective = next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, ValueError):
+        return False
+    return all(effective >> cap & 1 for cap in (_CAP_NET_ADMIN, _CAP_SYS_ADMIN))
 
 
 def create(name: str) -> str:

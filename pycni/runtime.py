@@ -32,7 +32,9 @@ from .types import AnyResult, convert, parse_result
 
 __all__ = ["Runtime", "ReconcileReport", "DEFAULT_PLUGIN_PATH", "DRY_RUN_KEY"]
 
-DEFAULT_PLUGIN_PATH = ("/opt/cni/bin",)
+#: Where plugins are looked for without ``CNI_PATH``: the CNI convention, then Debian's and
+#: Ubuntu's ``containernetworking-plugins`` package. Every pycni entry point uses this one.
+DEFAULT_PLUGIN_PATH = ("/opt/cni/bin", "/usr/lib/cni")
 #: GC stdin key asking a built-in plugin to report what it would collect without collecting it.
 DRY_RUN_KEY = "pycni.dev/dry-run"
 T = TypeVar("T")

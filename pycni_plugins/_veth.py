@@ -143,7 +143,7 @@ def check_masquerade(request: PluginRequest, ips: Sequence[IPConfig]) -> None:
     """CHECK of :meth:`VethAdd.masquerade`: the elements and the rules they need."""
     problem = nft.check(attachment(request), [layout.masq_element(ip.address) for ip in ips], _masq_sections(ips))
     if problem:
-        raise fail(f"ipMasq: {problem}", nft.hinted(about=problem))
+        raise fail(f"ipMasq: {problem}", nft.hinted(request.network_name, about=problem))
 
 
 def enable_forwarding(versions: Iterable[int], failure: str) -> None:

@@ -454,7 +454,7 @@ def _check_nft(request: PluginRequest, conf: BridgeConfig, prev: Result, host_ve
         if ctr is not None and ctr.mac:
             problem = nft.check(att, layout.spoofchk_elements(host_veth, ctr.mac.lower()), (layout.SPOOFCHK,))
             if problem:
-                raise fail(f"macspoofchk: {problem}", nft.hinted(about=problem))
+                raise fail(f"macspoofchk: {problem}", nft.hinted(request.network_name, about=problem))
 
 
 def _host_firewall(

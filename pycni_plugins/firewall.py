@@ -142,11 +142,12 @@ class FirewallPlugin(Plugin):
         if gone:
             problem = nft.check(attachment(request), gone[:1])
             raise fail(
-                f"expected firewall element {gone[0].key} not found in set {gone[0].set}", nft.hinted(problem or "")
+                f"expected firewall element {gone[0].key} not found in set {gone[0].set}",
+                nft.hinted(request.network_name, problem or ""),
             )
         problems = nft.skeleton_problems(_sections(admin, policy))
         if problems:
-            raise fail(f"firewall rules incomplete: {problems[0]}", nft.hinted(*problems[1:]))
+            raise fail(f"firewall rules incomplete: {problems[0]}", nft.hinted(request.network_name, *problems[1:]))
         _compat_check(request)
         firewalld_zone.check(request, prev, *firewalld_zone.options(request))  # firewalld hosts
 
@@ -305,7 +306,7 @@ def _compat_check(request: PluginRequest) -> None:
         if gone:
             raise fail(
                 f"expected iptables rule not found: {gone[0]}",
-                "; ".join([*gone[1:], "`pycni gc --reconcile` (or DEL and ADD) puts it back"]),
+                "; ".join([*gone[1:], nft.reconcile_hint(request.network_name) + " (or DEL and ADD)"]),
             )
 
 

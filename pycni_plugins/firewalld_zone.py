@@ -159,7 +159,8 @@ def check(request: PluginRequest, prev: Result, backend: str, zone: str) -> None
     if lost:
         raise fail(
             f"firewalld zone {want_zone} lacks the source(s) {', '.join(map(str, lost))} of this container",
-            "a firewalld reload drops sources added at runtime: `pycni gc --reconcile` (or the daemon) restores them",
+            f"a firewalld reload drops sources added at runtime: {nft.reconcile_hint(request.network_name)}"
+            " (the daemon does it by itself)",
         )
 
 

@@ -289,11 +289,11 @@ class PortmapPlugin(Plugin):
             problem = nft.check(attachment(request), gone)
             raise fail(
                 f"missing hostport elements in table inet {nft.TABLE}: " + ", ".join(e.key for e in gone),
-                nft.hinted(problem or ""),
+                nft.hinted(request.network_name, problem or ""),
             )
         problems = nft.skeleton_problems(sections)
         if problems:
-            raise fail(f"host ports not published: {problems[0]}", nft.hinted(*problems[1:]))
+            raise fail(f"host ports not published: {problems[0]}", nft.hinted(request.network_name, *problems[1:]))
         _check_host_firewall(request, prev, mappings)
 
     def delete(self, request: PluginRequest) -> None:

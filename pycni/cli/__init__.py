@@ -22,6 +22,7 @@ class _Group(Group):
         "plugins": ("pycni.cli.plugins", "plugins"),
         "serve": ("pycni.cli.serve", "serve"),
         "fuzz": ("pycni.cli.fuzz", "fuzz"),
+        "inspect": ("pycni.cli.inspect", "inspect"),
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:

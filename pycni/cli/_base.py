@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
@@ -14,7 +15,21 @@ from ..runtime import DEFAULT_PLUGIN_PATH
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["CNIFailure", "Group", "backend_option", "cache_dir_option", "state_dir_option", "plugin_path_option"]
+__all__ = [
+    "CNIFailure",
+    "Group",
+    "on_terminal",
+    "backend_option",
+    "cache_dir_option",
+    "state_dir_option",
+    "plugin_path_option",
+]
+
+
+def on_terminal() -> bool:
+    """Whether stdout is a terminal: a person reading, not a script (who gets JSON, or nothing
+    but the exit status)."""
+    return sys.stdout.isatty()
 
 
 class CNIFailure(click.ClickException):
@@ -70,16 +85,13 @@ def state_dir_option() -> Callable[[F], F]:
     )
 
 
-#: The plugin path of the verbs that also use distribution-packaged plugins (Debian: /usr/lib/cni).
-WITH_PACKAGED_PLUGINS = ":".join((*DEFAULT_PLUGIN_PATH, "/usr/lib/cni"))
-
-
-def plugin_path_option(default: str = "", name: str = "--plugin-path") -> Callable[[F], F]:
+def plugin_path_option(name: str = "--plugin-path") -> Callable[[F], F]:
+    """The plugin dirs of every verb: ``$CNI_PATH``, else the runtime's one default."""
     return click.option(
         name,
         "plugin_path",
         envvar="CNI_PATH",
-        default=default,
-        show_default=bool(default),
+        default=":".join(DEFAULT_PLUGIN_PATH),
+        show_default=True,
         help="Plugin dirs for exec'd plugins, ':'-separated [$CNI_PATH].",
     )

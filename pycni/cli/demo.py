@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from ._base import WITH_PACKAGED_PLUGINS, backend_option, plugin_path_option
+from ._base import backend_option, plugin_path_option
 
 if TYPE_CHECKING:
     from ..config import NetworkConfigList
@@ -34,13 +34,31 @@ CONTAINER_PORT = 80
 
 
 class _Steps:
-    def __init__(self) -> None:
+    """Runs and times the demo's steps: each a line on stdout, or, with ``as_json``, an entry of
+    the one JSON document printed at the end (stdout then holds nothing else)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
         self.failed: list[str] = []
+        self.done: list[dict[str, object]] = []
+
+    def say(self, text: str) -> None:
+        if not self.as_json:
+            click.echo(text)
+
+    def _record(self, label: str, ok: bool, ms: float | None, note: str = "") -> None:
+        self.done.append(
+            {"step": label, "ok": ok, "ms": None if ms is None else round(ms, 1)} | ({"note": note} if note else {})
+        )
+        if not ok:
+            self.failed.append(label)
 
     def run(self, label: str, fn: Callable[[], T]) -> T:
         start = time.perf_counter()
         value = fn()
-        click.echo(f"  [{(time.perf_counter() - start) * 1000:8.1f} ms] {label}")
+        ms = (time.perf_counter() - start) * 1000
+        self._record(label, True, ms)
+        self.say(f"  [{ms:8.1f} ms] {label}")
         return value
 
     def check(self, label: str, fn: Callable[[], object]) -> None:
@@ -54,16 +72,16 @@ class _Steps:
         except CNIError as e:
             known = "could not check ipv6 dnat" in str(e)
             note = " (upstream bug in the reference portmap 1.1.1: it checks an IPv6 chain it never made)"
-            click.echo(f"  [{'known bug' if known else '  FAILED  '}] {label}: {e}{note if known else ''}")
-            if not known:
-                self.failed.append(label)
+            self.say(f"  [{'known bug' if known else '  FAILED  '}] {label}: {e}{note if known else ''}")
+            self._record(label, known, None, f"{e}{note if known else ''}")
             return
-        click.echo(f"  [{(time.perf_counter() - start) * 1000:8.1f} ms] {label}")
+        ms = (time.perf_counter() - start) * 1000
+        self._record(label, True, ms)
+        self.say(f"  [{ms:8.1f} ms] {label}")
 
     def expect(self, label: str, ok: bool) -> None:
-        click.echo(f"  [{'    ok    ' if ok else '  FAILED  '}] {label}")
-        if not ok:
-            self.failed.append(label)
+        self._record(label, ok, None)
+        self.say(f"  [{'    ok    ' if ok else '  FAILED  '}] {label}")
 
 
 @contextmanager
@@ -97,8 +115,13 @@ def _describe(result: AnyResult) -> str:
 
 @click.command()
 @backend_option()
-@plugin_path_option(WITH_PACKAGED_PLUGINS)
-@click.option("--json", "as_json", is_flag=True, help="Also print each ADD result as JSON.")
+@plugin_path_option()
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document on stdout: the steps, their timings, the ADD results.",
+)
 def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     """Run the embedded default network over two throwaway containers and prove it works."""
     from .. import netns
@@ -108,14 +131,18 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     from ..testing import probes
     from ..types import convert
 
-    steps = _Steps()
+    if not netns.can_create():
+        raise click.ClickException(
+            "pycni demo needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN): it creates throwaway network namespaces"
+        )
+    steps = _Steps(as_json)
     with ExitStack() as stack:
         root = stack.enter_context(_demo_dir())
         network = demo_network(root)
         types = [p.type for p in network.plugins]
         inproc = [t for t in types if backend != "exec" and builtin_plugin(t) is not None]
-        click.echo(f"pycni demo: network {network.name!r} ({network.cni_version}): {' → '.join(types)}")
-        click.echo(f"  backend {backend}: in-process {inproc or 'none'}, exec {[t for t in types if t not in inproc]}")
+        steps.say(f"pycni demo: network {network.name!r} ({network.cni_version}): {' → '.join(types)}")
+        steps.say(f"  backend {backend}: in-process {inproc or 'none'}, exec {[t for t in types if t not in inproc]}")
 
         def namespaces() -> tuple[netns.Throwaway, netns.Throwaway, netns.Throwaway]:
             host, c1, c2 = (
@@ -147,9 +174,7 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
             added.append(rt)
             results[name] = steps.run(f"ADD {name}", partial(runtime.add_network_list, network, rt))
             extra = f"; host port {HOST_PORT}/tcp → {CONTAINER_PORT}" if rt.capability_args else ""
-            click.echo(f"               {name}: {_describe(results[name])}{extra}")
-            if as_json:
-                click.echo(json.dumps(results[name].to_json(), indent=2))
+            steps.say(f"               {name}: {_describe(results[name])}{extra}")
         for name, rt in (("c1", rt1), ("c2", rt2)):
             steps.check(f"CHECK {name}", partial(runtime.check_network_list, network, rt))
 
@@ -184,10 +209,22 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
 
             left = netns.run_in(host.path, hooks.hook(hooks.NFT_ATTACHMENTS), runtime.state_dir)
             steps.expect("after DEL: no nftables elements of either container", not left)
-    click.echo("  namespaces and state removed")
+    steps.say("  namespaces and state removed")
+    if as_json:
+        document = {
+            "network": network.name,
+            "cniVersion": network.cni_version,
+            "plugins": types,
+            "backend": backend,
+            "inProcess": inproc,
+            "results": {name: result.to_json() for name, result in results.items()},
+            "steps": steps.done,
+            "passed": not steps.failed,
+        }
+        click.echo(json.dumps(document, indent=2))
     if steps.failed:
         raise click.ClickException(f"{len(steps.failed)} check(s) failed: {'; '.join(steps.failed)}")
-    click.echo("pycni demo: all checks passed")
+    steps.say("pycni demo: all checks passed")
 
 
 def _links(path: str) -> list[str]:

@@ -10,7 +10,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -36,8 +36,13 @@ def _commands(ctx: click.Context, param: click.Parameter, value: str) -> tuple[s
 @click.option("--seed", type=int, help="Seed for a reproducible run [random].")
 @click.option("--timeout", default=10.0, show_default=True, type=click.FloatRange(0.1), help="Seconds per call.")
 @click.option(
-    "--json", "json_path", metavar="FILE", type=click.Path(dir_okay=False, writable=True), help="Write the report here."
+    "--report",
+    "report_path",
+    metavar="FILE",
+    type=click.Path(dir_okay=False, writable=True),
+    help="Also write the report (JSON) to FILE.",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout (instead of text).")
 def fuzz(
     plugin: str,
     plugin_type: str | None,
@@ -45,7 +50,8 @@ def fuzz(
     examples: int,
     seed: int | None,
     timeout: float,
-    json_path: str | None,
+    report_path: str | None,
+    as_json: bool,
 ) -> None:
     """Fuzz the CNI plugin executable PLUGIN against the CNI contract.
 
@@ -76,15 +82,16 @@ def fuzz(
         timeout=timeout,
         versions=engine.probe_versions(plugin, timeout),
     )
-    with _stopped_cleanly_by(signal.SIGTERM, signal.SIGHUP):
-        report = engine.fuzz(options, _Progress(examples) if sys.stderr.isatty() else None)
-    if sys.stderr.isatty():
-        click.echo("", err=True)
-    for violation in report.violations:
-        click.echo(violation.reproducer() + "\n")
-    click.echo(report.summary())
-    if json_path:
-        with open(json_path, "w") as f:
+    with _stopped_cleanly_by(signal.SIGTERM, signal.SIGHUP), _progress(examples) as progress:
+        report = engine.fuzz(options, progress)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=1))
+    else:
+        for violation in report.violations:
+            click.echo(violation.reproducer() + "\n")
+        click.echo(report.summary())
+    if report_path:
+        with open(report_path, "w") as f:
             json.dump(report.to_json(), f, indent=1)
             f.write("\n")
     sys.exit(1 if report.violations else 0)
@@ -118,15 +125,18 @@ def _stopped_cleanly_by(*signals: signal.Signals) -> Iterator[None]:
             signal.signal(s, handler)
 
 
-class _Progress:
-    """A one-line progress bar on stderr (a terminal only)."""
+@contextlib.contextmanager
+def _progress(total: int) -> Iterator[Callable[[Any, bool], None] | None]:
+    """click's progress bar on stderr, on a terminal only: examples run, and the shrinking runs
+    once a violation is found."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    with click.progressbar(length=total, label="examples", file=sys.stderr, show_pos=True) as bar:
 
-    def __init__(self, total: int) -> None:
-        self.total = total
+        def update(report: Any, shrinking: bool) -> None:
+            if shrinking:
+                bar.label = f"examples ({report.after_first_violation} shrinking runs)"
+            bar.update(min(report.examples, total) - bar.pos)
 
-    def __call__(self, report: Any, shrinking: bool) -> None:
-        done = min(report.examples, self.total)
-        width = 30
-        bar = "#" * (done * width // self.total)
-        found = f", {report.after_first_violation} shrinking runs" if shrinking else ""
-        click.echo(f"\r[{bar:<{width}}] {done}/{self.total} examples{found}   ", err=True, nl=False)
+        yield update

@@ -12,7 +12,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from ._base import WITH_PACKAGED_PLUGINS, Group, backend_option, cache_dir_option, plugin_path_option, state_dir_option
+from ._base import Group, backend_option, cache_dir_option, plugin_path_option, state_dir_option
 
 if TYPE_CHECKING:
     from ..nomad.models import Allocation, Node
@@ -131,7 +131,7 @@ def _run_options(fn: Any) -> Any:
         click.option("--subnet", default="172.26.64.0/20", show_default=True, help="Embedded bridge: IPv4 subnet."),
         click.option("--subnet-ipv6", default="", help="Embedded bridge: IPv6 subnet."),
         click.option("--hairpin", is_flag=True, help="Embedded bridge: hairpin mode."),
-        plugin_path_option(WITH_PACKAGED_PLUGINS, "--cni-path"),
+        plugin_path_option("--cni-path"),
         backend_option(),
         cache_dir_option(),
         state_dir_option(),

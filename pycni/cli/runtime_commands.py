@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from .. import _json, config
-from ..errors import CNIError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
+from ..cache import DEFAULT_CACHE_DIR
+from ..errors import CNIError, ConfigError, InvalidArgumentError, NetworkNotFoundError, NoConfigsFoundError
 from ..sdk import parse_cni_args
-from ._base import backend_option, cache_dir_option, plugin_path_option, state_dir_option
+from ..version import supports_status
+from ._base import backend_option, cache_dir_option, on_terminal, plugin_path_option, state_dir_option
 
 if TYPE_CHECKING:  # imported where used: the CLI loads the runtime lazily
     from ..runtime import Runtime
@@ -27,7 +29,16 @@ if TYPE_CHECKING:  # imported where used: the CLI loads the runtime lazily
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["COMMANDS", "container_id_for", "load_network", "embedded_network", "DEFAULT_NETWORK"]
+__all__ = [
+    "COMMANDS",
+    "container_id_for",
+    "load_network",
+    "embedded_network",
+    "DEFAULT_NETWORK",
+    "embedded_conflist",
+    "conf_dir_option",
+    "runtime_for",
+]
 
 DEFAULT_NETWORK = "nomad"
 
@@ -43,8 +54,24 @@ def load_network(conf_dir: str, name: str) -> config.NetworkConfigList:
         return config.load_conflist(conf_dir, name)
     except (NoConfigsFoundError, NetworkNotFoundError):
         if name != DEFAULT_NETWORK:
-            raise
+            raise _unknown_network(conf_dir, name) from None
+    return embedded_conflist()
+
+
+def embedded_conflist() -> config.NetworkConfigList:
+    """The embedded default network (``nomad``) as the runtime loads it."""
     return config.conflist_from_bytes(embedded_network(), source="<embedded nomad network>")
+
+
+def _unknown_network(conf_dir: str, name: str) -> NetworkNotFoundError:
+    """One line: where it was looked for, the close names, and how to see them all."""
+    import difflib
+
+    names = [n.name for n in config.list_networks(conf_dir, errors=[])] + [DEFAULT_NETWORK]
+    close = difflib.get_close_matches(name, dict.fromkeys(names), n=3)
+    where = conf_dir if os.path.isdir(conf_dir) else f"{conf_dir} (no such directory)"
+    hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+    return NetworkNotFoundError(f"no network named {name!r} in {where}{hint}; `pycni conf list` lists them all")
 
 
 def embedded_network(ipam_data_dir: str | None = None) -> bytes:
@@ -53,6 +80,15 @@ def embedded_network(ipam_data_dir: str | None = None) -> bytes:
     from ..nomad.conflist import DEFAULT_IPAM_DATA_DIR, NomadBridgeConfig, bridge_conflist
 
     return bridge_conflist(NomadBridgeConfig(ipam_data_dir=ipam_data_dir or DEFAULT_IPAM_DATA_DIR).with_defaults())
+
+
+conf_dir_option = click.option(
+    "--conf-dir",
+    envvar="NETCONFPATH",
+    default=config.DEFAULT_CONF_DIR,
+    show_default=True,
+    help="Network configuration directory [$NETCONFPATH].",
+)
 
 
 def _timeout_option(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -64,15 +100,15 @@ def _timeout_option(ctx: click.Context, param: click.Parameter, value: float | N
         raise click.BadParameter(e.msg) from None
 
 
-def _runtime(opts: dict[str, Any]) -> Runtime:
+def runtime_for(opts: dict[str, Any]) -> Runtime:
     from ..runtime import Runtime
 
     return Runtime(
         opts["plugin_path"].split(":") if opts["plugin_path"] else None,
-        cache_dir=opts["cache_dir"],
-        state_dir=opts["state_dir"],
+        cache_dir=opts.get("cache_dir") or DEFAULT_CACHE_DIR,
+        state_dir=opts.get("state_dir"),
         backend=opts["backend"],
-        timeout=opts["timeout"],
+        timeout=opts.get("timeout"),
     )
 
 
@@ -101,43 +137,53 @@ def _rt(opts: dict[str, Any], netns: str) -> RuntimeConf:
     )
 
 
-def _common(fn: F) -> F:
-    """Options shared by the cnitool verbs; each defaults to cnitool's environment variable."""
-    options = [
-        click.option(
-            "--conf-dir",
-            envvar="NETCONFPATH",
-            default=config.DEFAULT_CONF_DIR,
-            show_default=True,
-            help="Network configuration directory [$NETCONFPATH].",
-        ),
-        plugin_path_option(),
-        click.option(
-            "--ifname",
-            "-i",
-            envvar="CNI_IFNAME",
-            default="eth0",
-            show_default=True,
-            help="Interface name in the container [$CNI_IFNAME].",
-        ),
-        click.option("--container-id", default="", help="Container ID (default: derived from NETNS like cnitool)."),
-        click.option("--args", envvar="CNI_ARGS", default="", help="CNI_ARGS, K=V;K2=V2 [$CNI_ARGS]."),
-        click.option("--cap-args", envvar="CAP_ARGS", default="", help="Capability args, a JSON object [$CAP_ARGS]."),
-        cache_dir_option(),
-        state_dir_option(),
-        click.option(
-            "--timeout",
-            type=float,
-            callback=_timeout_option,
-            envvar="PYCNI_TIMEOUT",
-            default=None,
-            help="Seconds per exec'd plugin call [$PYCNI_TIMEOUT].",
-        ),
-        backend_option(),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+#: Every option of the cnitool verbs, in help order; each defaults to cnitool's environment variable.
+_OPTIONS: dict[str, Callable[[F], F]] = {
+    "conf_dir": conf_dir_option,
+    "plugin_path": plugin_path_option(),
+    "ifname": click.option(
+        "--ifname",
+        "-i",
+        envvar="CNI_IFNAME",
+        default="eth0",
+        show_default=True,
+        help="Interface name in the container [$CNI_IFNAME].",
+    ),
+    "container_id": click.option(
+        "--container-id", default="", help="Container ID (default: derived from NETNS like cnitool)."
+    ),
+    "args": click.option("--args", envvar="CNI_ARGS", default="", help="CNI_ARGS, K=V;K2=V2 [$CNI_ARGS]."),
+    "cap_args": click.option(
+        "--cap-args", envvar="CAP_ARGS", default="", help="Capability args, a JSON object [$CAP_ARGS]."
+    ),
+    "cache_dir": cache_dir_option(),
+    "state_dir": state_dir_option(),
+    "timeout": click.option(
+        "--timeout",
+        type=float,
+        callback=_timeout_option,
+        envvar="PYCNI_TIMEOUT",
+        default=None,
+        help="Seconds per exec'd plugin call [$PYCNI_TIMEOUT].",
+    ),
+    "backend": backend_option(),
+}
+
+
+def _with(*names: str) -> Callable[[F], F]:
+    """The options ``names`` (a verb lists only those it uses)."""
+
+    def apply(fn: F) -> F:
+        for name in reversed([n for n in _OPTIONS if n in names]):
+            fn = _OPTIONS[name](fn)
+        return fn
+
+    return apply
+
+
+_PLUGINS = ("plugin_path", "state_dir", "timeout", "backend")
+#: add, check, del: a network and one attachment.
+_common = _with("conf_dir", "ifname", "container_id", "args", "cap_args", "cache_dir", *_PLUGINS)
 
 
 @click.command()
@@ -148,7 +194,7 @@ def _common(fn: F) -> F:
 def add(network: str, netns: str, rollback: bool, **opts: Any) -> None:
     """ADD the container in NETNS to NETWORK; print the result."""
     net = load_network(opts["conf_dir"], network)
-    result = _runtime(opts).add_network_list(net, _rt(opts, netns), rollback=rollback)
+    result = runtime_for(opts).add_network_list(net, _rt(opts, netns), rollback=rollback)
     click.echo(json.dumps(result.to_json(), indent=4), nl=False)
 
 
@@ -158,7 +204,11 @@ def add(network: str, netns: str, rollback: bool, **opts: Any) -> None:
 @_common
 def check(network: str, netns: str, **opts: Any) -> None:
     """CHECK the container's attachment to NETWORK."""
-    _runtime(opts).check_network_list(load_network(opts["conf_dir"], network), _rt(opts, netns))
+    net, rt = load_network(opts["conf_dir"], network), _rt(opts, netns)
+    runtime_for(opts).check_network_list(net, rt)
+    if on_terminal():
+        skipped = " (disableCheck: nothing checked)" if net.disable_check else ""
+        click.echo(f"{net.name}: {rt.container_id}/{rt.ifname} checks out{skipped}")
 
 
 @click.command(name="del")
@@ -169,7 +219,7 @@ def check(network: str, netns: str, **opts: Any) -> None:
 def delete(network: str, netns: str, best_effort: bool, **opts: Any) -> None:
     """DEL the container's attachment to NETWORK."""
     net = load_network(opts["conf_dir"], network)
-    _runtime(opts).delete_network_list(net, _rt(opts, netns), best_effort=best_effort)
+    runtime_for(opts).delete_network_list(net, _rt(opts, netns), best_effort=best_effort)
 
 
 def _attachment(value: str) -> GCAttachment:
@@ -188,7 +238,12 @@ def _attachment(value: str) -> GCAttachment:
     "valid",
     multiple=True,
     metavar="CID:IFNAME",
-    help="A still-valid attachment (repeatable). Without any, every cached attachment is stale, as cnitool.",
+    help="A still-valid attachment (repeatable); every other cached attachment is stale.",
+)
+@click.option(
+    "--all-stale",
+    is_flag=True,
+    help="Treat every cached attachment as stale (cnitool's gc without valid attachments).",
 )
 @click.option(
     "--reconcile",
@@ -196,36 +251,59 @@ def _attachment(value: str) -> GCAttachment:
     help="Collect what crashes and reboots left: DEL attachments whose netns is gone, then GC every plugin "
     "with the other cached attachments valid (built-in plugins report what they removed). Prints a JSON report.",
 )
-@click.option("--dry-run", is_flag=True, help="With --reconcile: only report what would be collected.")
-@_common
-def gc(network: str, valid: tuple[str, ...], reconcile: bool, dry_run: bool, **opts: Any) -> None:
-    """GC NETWORK: DEL stale cached attachments, then GC every plugin."""
+@click.option("--dry-run", is_flag=True, help="Change nothing: print (JSON) what would be collected.")
+@_with("conf_dir", "cache_dir", *_PLUGINS)
+def gc(network: str, valid: tuple[str, ...], all_stale: bool, reconcile: bool, dry_run: bool, **opts: Any) -> None:
+    """GC NETWORK: DEL stale cached attachments, then GC every plugin.
+
+    Which attachments are stale is said explicitly: --valid for each live one, --all-stale for
+    none live, or --reconcile (those whose netns is gone). With none of them gc refuses.
+    """
+    if sum((bool(valid), all_stale, reconcile)) > 1:
+        raise click.UsageError("--valid, --all-stale and --reconcile are alternatives: choose one")
     net = load_network(opts["conf_dir"], network)
+    runtime = runtime_for(opts)
     if reconcile:
-        if valid:
-            raise click.UsageError("--reconcile finds the valid attachments itself: drop --valid")
-        report = _runtime(opts).reconcile_network_list(net, dry_run=dry_run)
+        report = runtime.reconcile_network_list(net, dry_run=dry_run)
         click.echo(json.dumps(report.to_json(), indent=2))
         if report.errors:
             raise SystemExit(1)
         return
+    keep = {(a.container_id, a.ifname) for a in map(_attachment, valid)}
+    stale = [
+        a for a in runtime.get_cached_attachments() if a.network == net.name and (a.container_id, a.ifname) not in keep
+    ]
     if dry_run:
-        raise click.UsageError("--dry-run needs --reconcile")
-    attachments = [_attachment(v) for v in valid] if valid else None
-    _runtime(opts).gc_network_list(net, attachments)
+        listed = [f"{a.container_id}/{a.ifname} (netns {a.netns or '-'})" for a in stale]
+        click.echo(json.dumps({"network": net.name, "dryRun": True, "staleAttachments": listed}, indent=2))
+        return
+    if not (valid or all_stale):
+        would = f"DEL {', '.join(f'{a.container_id}/{a.ifname}' for a in stale)} and " if stale else ""
+        raise click.ClickException(
+            f"refusing to GC {net.name!r} without valid attachments: it would {would}have every plugin remove "
+            f"all it keeps for {net.name!r}. Name the live ones with --valid CID:IFNAME, pass --all-stale, "
+            "or --reconcile (only those whose netns is gone); --dry-run lists"
+        )
+    runtime.gc_network_list(net, [_attachment(v) for v in valid] if valid else None)
 
 
 @click.command()
 @click.argument("network")
-@_common
+@_with("conf_dir", *_PLUGINS)
 def status(network: str, **opts: Any) -> None:
     """STATUS of NETWORK's plugins (exit 1 with the plugin's code when not ready)."""
-    _runtime(opts).get_status_network_list(load_network(opts["conf_dir"], network))
+    net = load_network(opts["conf_dir"], network)
+    runtime_for(opts).get_status_network_list(net)
+    if on_terminal():
+        if supports_status(net.cni_version):
+            click.echo(f"{net.name}: ready ({len(net.plugins)} plugin(s) answered STATUS)")
+        else:
+            click.echo(f"{net.name}: cniVersion {net.cni_version} predates STATUS; nothing to ask")
 
 
 @click.command()
 @click.argument("plugin_type", required=False)
-@_common
+@_with("plugin_path", "timeout", "backend")
 def version(plugin_type: str | None, **opts: Any) -> None:
     """pycni's version, or a plugin's VERSION answer."""
     from .. import __version__
@@ -234,22 +312,13 @@ def version(plugin_type: str | None, **opts: Any) -> None:
     if plugin_type is None:
         out = {"pycni": __version__, "cniVersion": SUPPORTED[-1], "supportedVersions": list(SUPPORTED)}
     else:
-        out = _runtime(opts).get_version_info(plugin_type).to_json()
+        out = runtime_for(opts).get_version_info(plugin_type).to_json()
     click.echo(json.dumps(out, indent=2))
 
 
 @click.group()
 def conf() -> None:
     """Inspect a network configuration directory."""
-
-
-_conf_dir = click.option(
-    "--conf-dir",
-    envvar="NETCONFPATH",
-    default=config.DEFAULT_CONF_DIR,
-    show_default=True,
-    help="Network configuration directory [$NETCONFPATH].",
-)
 
 
 def _summary(net: config.NetworkConfigList) -> dict[str, Any]:
@@ -262,15 +331,27 @@ def _summary(net: config.NetworkConfigList) -> dict[str, Any]:
 
 
 @conf.command(name="list")
-@_conf_dir
+@conf_dir_option
 def conf_list(conf_dir: str) -> None:
-    """Every network in the dir, in load order (the first file of a name wins)."""
-    click.echo(json.dumps([_summary(n) for n in config.list_networks(conf_dir)], indent=2))
+    """Every network in the dir, in load order (the first file of a name wins), then the embedded
+    nomad network unless the dir has one (marked "embedded"). A file that cannot be loaded is
+    reported on stderr and the rest are listed (exit 1 then)."""
+    if not os.path.isdir(conf_dir):
+        raise click.BadParameter(f"{conf_dir} is not a directory", param_hint="--conf-dir")
+    errors: list[ConfigError] = []
+    listed = [_summary(n) for n in config.list_networks(conf_dir, errors=errors)]
+    if all(n["name"] != DEFAULT_NETWORK for n in listed):
+        listed.append(_summary(embedded_conflist()) | {"embedded": True})
+    click.echo(json.dumps(listed, indent=2))
+    for error in errors:
+        click.echo(f"pycni: skipped {' '.join(str(error).split())}", err=True)
+    if errors:
+        raise SystemExit(1)
 
 
 @conf.command(name="show")
 @click.argument("name")
-@_conf_dir
+@conf_dir_option
 def conf_show(name: str, conf_dir: str) -> None:
     """The network NAME as the runtime loads it (drop-ins appended, cniVersion selected)."""
     net = load_network(conf_dir, name)

@@ -71,7 +71,8 @@ class GoCNIClient(Protocol):
 
 def make_client(cni_path: str = "", interface_prefix: str = "", **kwargs: Any) -> GoCNIClient:
     """A client as Nomad makes one: ``cni_path`` (":"-separated) falls back to ``$CNI_PATH``, then
-    ``/opt/cni/bin``; the interface prefix to ``eth``. ``kwargs`` go to :class:`pycni.client.CNI`."""
+    :data:`pycni.runtime.DEFAULT_PLUGIN_PATH`; the interface prefix to ``eth``. ``kwargs`` go to
+    :class:`pycni.client.CNI`."""
     from .. import client
     from ..runtime import DEFAULT_PLUGIN_PATH
 

@@ -22,6 +22,7 @@ __all__ = [
     "NFT_ATTACHMENTS",
     "NFT_LIST_TABLE",
     "NFT_APPLY",
+    "IPAM_LEASES",
     "hook",
 ]
 
@@ -40,6 +41,9 @@ NFT_ATTACHMENTS = "nft-attachments"
 NFT_LIST_TABLE = "nft-list-table"
 #: ``(commands: Sequence[Mapping]) -> None``: libnftables JSON commands as one transaction.
 NFT_APPLY = "nft-apply"
+#: ``(network, plugin_config) -> list[tuple[str, str]]``: ``(ip, "containerID/ifname")`` of
+#: every IPAM lease one plugin config's IPAM keeps for the network (none: ``[]``).
+IPAM_LEASES = "ipam-leases"
 
 
 @cache

@@ -16,6 +16,8 @@ Every error the Go plugin reports as a plain Go error is raised with code 999 an
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 from pycni.failpoints import failpoint
@@ -29,7 +31,15 @@ from .disk import DiskStore
 from .resolv import parse_resolv_conf
 from .result import build_result
 
-__all__ = ["DEFAULT_DATA_DIR", "HostLocalConfig", "HostLocalPlugin", "IPRange", "load_config", "parse_resolv_conf"]
+__all__ = [
+    "DEFAULT_DATA_DIR",
+    "HostLocalConfig",
+    "HostLocalPlugin",
+    "IPRange",
+    "load_config",
+    "network_leases",
+    "parse_resolv_conf",
+]
 
 
 class HostLocalPlugin(Plugin):
@@ -62,6 +72,8 @@ class HostLocalPlugin(Plugin):
 
         conf = load_config(request)
         valid = valid_attachments(request)
+        if dry_run(request) and not os.path.isdir(os.path.join(conf.data_dir, conf.name)):
+            return gc_report([])  # no lease to report, and a dry run makes no directory
         with DiskStore(conf.data_dir, conf.name) as store, store.locked():
             removed = store.collect(valid, dry_run=dry_run(request))
         return gc_report([f"host-local lease {ip} of {owner} (network {conf.name})" for ip, owner in removed])
@@ -76,3 +88,19 @@ class HostLocalPlugin(Plugin):
             current, legacy = store.find(request.container_id, request.ifname)
         if not (current or legacy):
             raise fail(f"host-local: Failed to find address added by container {request.container_id}")
+
+
+def network_leases(network: str, plugin: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The ``pycni.hooks`` ``ipam-leases`` hook: ``(ip, "containerID/ifname")`` of every lease of
+    ``network`` in the host-local data dir of one plugin config (its ``ipam``, or itself when it
+    is host-local); [] for other IPAM types or before any lease dir exists (nothing is created)."""
+    from .store import stale_leases
+
+    ipam = plugin if plugin.get("type") == HostLocalPlugin.type else plugin.get("ipam")
+    if not isinstance(ipam, Mapping) or ipam.get("type") != HostLocalPlugin.type:
+        return []
+    data_dir = ipam.get("dataDir") or DEFAULT_DATA_DIR
+    if not isinstance(data_dir, str) or not os.path.isdir(os.path.join(data_dir, network)):
+        return []
+    with DiskStore(data_dir, network) as store, store.locked():
+        return sorted(stale_leases(store.lease_files(), set()))

@@ -15,7 +15,7 @@ import pytest
 from pycni.config import conflist_from_bytes
 from pycni.errors import CNIError
 from pycni_plugins.kernel import layout, nft
-from tests.faults.conftest import BRIDGE, World
+from tests.faults.conftest import BRIDGE, NETWORK, World
 
 pytestmark = pytest.mark.privileged
 
@@ -91,15 +91,15 @@ def test_bridge_deleted_then_old_containers_deleted(world):
     _finish(world, ("a", a), ("b", b))
 
 
-HINT = "; pycni gc --reconcile restores it"
+HINT = f"; run `pycni gc {NETWORK} --reconcile` to restore"
 DAMAGE = {
     "tables deleted": ("delete table inet pycni", "delete table bridge pycni"),
     "ruleset flushed": ("flush ruleset",),
     "tables flushed (rules only)": ("flush table inet pycni", "flush table bridge pycni"),
 }
 CHECK_SAYS = {
-    "tables deleted": "ipMasq: table inet pycni is missing; pycni gc --reconcile restores it",
-    "ruleset flushed": "ipMasq: table inet pycni is missing; pycni gc --reconcile restores it",
+    "tables deleted": "ipMasq: table inet pycni is missing" + HINT,
+    "ruleset flushed": "ipMasq: table inet pycni is missing" + HINT,
     "tables flushed (rules only)": "ipMasq: chain masq_postrouting of table inet pycni has 0 of its 2 rules" + HINT,
 }
 
@@ -112,12 +112,12 @@ TAIL_CHECK_SAYS = {
     },
     "tables flushed (rules only)": {
         "firewall": "firewall rules incomplete: chain forward of table inet pycni has 0 of its 4 rules; "
-        "chain forward of table inet pycni has lost its jump to CNI-ADMIN; pycni gc --reconcile restores it",
+        "chain forward of table inet pycni has lost its jump to CNI-ADMIN" + HINT,
         "portmap": "host ports not published: chain hostports of table inet pycni has 0 of its 4 rules; "
         "chain hostports_prerouting of table inet pycni has 0 of its 1 rules; "
         "chain hostports_output of table inet pycni has 0 of its 1 rules; "
         "chain hostports_postrouting of table inet pycni has 0 of its 2 rules; "
-        "chain hairpin-198_18_64_0_nm24 of table inet pycni has 0 of its 1 rules; pycni gc --reconcile restores it",
+        "chain hairpin-198_18_64_0_nm24 of table inet pycni has 0 of its 1 rules" + HINT,
     },
 }
 TAIL_CHECK_SAYS["ruleset flushed"] = TAIL_CHECK_SAYS["tables deleted"]
@@ -184,7 +184,7 @@ def test_a_set_emptied_by_someone_else(world):
         world.check("a", a.path)
     assert str(e.value) == (
         f"expected firewall element {ips['a']} not found in set firewall4; "
-        f"element {ips['a']} is missing from set firewall4 of table inet pycni; pycni gc --reconcile restores it"
+        f"element {ips['a']} is missing from set firewall4 of table inet pycni" + HINT
     )
     world.reconcile()
     world.check("a", a.path)

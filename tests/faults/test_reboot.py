@@ -131,10 +131,10 @@ def _gc_cli(world, conf_dir, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_gc_after_a_reboot(rebooted, tmp_path):
-    """``pycni gc NETWORK`` (cnitool's GC: every cached attachment is stale) from the CLI, run
-    inside the new host namespace, collects the same."""
+    """``pycni gc NETWORK --all-stale`` (cnitool's GC: every cached attachment is stale) from the
+    CLI, run inside the new host namespace, collects the same."""
     _, world, _ = rebooted
-    _gc_cli(world, _conf_dir(world, tmp_path))
+    _gc_cli(world, _conf_dir(world, tmp_path), "--all-stale")
     assert world.leftovers() == {}
     _every_address_works_again(world)
 

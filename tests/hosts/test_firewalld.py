@@ -232,7 +232,7 @@ def test_a_reload_loses_the_sources_and_reconcile_restores_them(world: World, ba
             with pytest.raises(CNIError) as check:
                 _check_firewall(world, net, rt)
             assert check.value.msg == f"firewalld zone trusted lacks the source(s) {ip}/32 of this container"
-            assert "pycni gc --reconcile" in check.value.details
+            assert f"run `pycni gc {net.name} --reconcile` to restore" in check.value.details
             report = world.runtime.reconcile_network_list(net)
             assert f"firewall: restored firewalld zone trusted source {ip}/32 of reload/eth0" in report.collected
             assert report.errors == ()

@@ -39,7 +39,7 @@ def _of(pid: int) -> list[str]:
 def _fuzz(workdir: Path, plugin: str, *args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, dict]:
     """Run ``pycni fuzz`` as a user does; it leaves no namespace or temp dir behind."""
     report = workdir / "report.json"
-    argv = [sys.executable, "-m", "pycni.cli", "fuzz", plugin, "--json", str(report), *args]
+    argv = [sys.executable, "-m", "pycni.cli", "fuzz", plugin, "--report", str(report), *args]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
         try:
             stdout, stderr = child.communicate(timeout=timeout)
@@ -91,6 +91,8 @@ def test_pycni_loopback_keeps_the_contract(workdir, tmp_path):
     assert doc["example_kinds"]["canonical"] == 7, "one per version: loopback takes no addresses"
     assert sum(doc["outcomes"]["ADD"].values()) == 9
     assert "no contract violation found" in proc.stdout
+    as_json, _ = _fuzz(workdir, plugin, "--examples", "2", "--seed", "1", "--json")
+    assert as_json.returncode == 0 and json.loads(as_json.stdout)["examples"] == 2, "--json: the report on stdout"
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)

@@ -198,7 +198,7 @@ def test_without_the_daemon_check_names_the_fix_and_reconcile_restores(make_netn
     _nft(host.path, "flush", "ruleset")
     with pytest.raises(CNIError) as e:
         runtime.check_network_list(network, rt)
-    assert str(e.value) == "ipMasq: table inet pycni is missing; pycni gc --reconcile restores it"
+    assert str(e.value) == f"ipMasq: table inet pycni is missing; run `pycni gc {network.name} --reconcile` to restore"
     report = runtime.reconcile_network_list(network)
     assert report.errors == () and any("restored" in r for r in report.collected), report
     runtime.check_network_list(network, rt)

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -79,15 +80,48 @@ def test_check_and_del_and_repeated_del(env, fake_plugins):
     assert commands == ["ADD", "ADD", "CHECK", "CHECK", "DEL", "DEL", "DEL", "DEL"]
 
 
-def test_gc_without_valid_attachments_deletes_every_cached_one_like_cnitool(env, fake_plugins):
+def test_gc_with_valid_attachments_deletes_the_others_and_all_stale_deletes_every_cached_one(env, fake_plugins):
     run(["add", "testnet", "/run/netns/x"], env)
     run(["add", "testnet", "/run/netns/y"], env)
     assert run(["gc", "testnet", "--valid", f"{container_id_for('/run/netns/y')}:eth0"], env).exit_code == 0
     dels = [c["env"]["CNI_CONTAINERID"] for c in fake_plugins.calls() if c["env"]["CNI_COMMAND"] == "DEL"]
     assert dels == [container_id_for("/run/netns/x")] * 2
-    assert run(["gc", "testnet"], env).exit_code == 0
+    assert run(["gc", "testnet", "--all-stale"], env).exit_code == 0
     dels = [c["env"]["CNI_CONTAINERID"] for c in fake_plugins.calls() if c["env"]["CNI_COMMAND"] == "DEL"]
     assert dels[-2:] == [container_id_for("/run/netns/y")] * 2
+
+
+def test_gc_without_valid_or_all_stale_refuses_naming_what_it_would_remove(env, fake_plugins):
+    run(["add", "testnet", "/run/netns/x"], env)
+    out = CliRunner().invoke(cli, ["gc", "testnet"], env=env)
+    assert out.exit_code == 1
+    cid = container_id_for("/run/netns/x")
+    assert out.output == (
+        f"Error: refusing to GC 'testnet' without valid attachments: it would DEL {cid}/eth0 and have every plugin "
+        "remove all it keeps for 'testnet'. Name the live ones with --valid CID:IFNAME, pass --all-stale, "
+        "or --reconcile (only those whose netns is gone); --dry-run lists\n"
+    )
+    assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()] == ["ADD", "ADD"]
+
+
+def test_gc_dry_run_lists_the_stale_attachments_and_changes_nothing(env, fake_plugins):
+    run(["add", "testnet", "/run/netns/x"], env)
+    run(["add", "testnet", "/run/netns/y"], env)
+    keep = f"{container_id_for('/run/netns/y')}:eth0"
+    out = run(["gc", "testnet", "--dry-run", "--valid", keep], env)
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.output) == {
+        "network": "testnet",
+        "dryRun": True,
+        "staleAttachments": [f"{container_id_for('/run/netns/x')}/eth0 (netns /run/netns/x)"],
+    }
+    assert len(json.loads(run(["gc", "testnet", "--dry-run"], env).output)["staleAttachments"]) == 2
+    assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()] == ["ADD"] * 4
+
+
+@pytest.mark.parametrize("flags", [["--all-stale", "--reconcile"], ["--all-stale", "--valid", "a:eth0"]])
+def test_gc_stale_selectors_are_alternatives(env, flags):
+    assert CliRunner().invoke(cli, ["gc", "testnet", *flags], env=env).exit_code == 2
 
 
 def test_failures_print_one_line_with_the_code_and_exit_1(env):
@@ -95,7 +129,21 @@ def test_failures_print_one_line_with_the_code_and_exit_1(env):
     proc = subprocess.run(cmd, env=env | {"PATH": "/usr/bin:/bin"}, capture_output=True, text=True)
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1
-    assert proc.stderr.startswith("pycni: error (code 7): ") and 'no net configuration with name "nope"' in proc.stderr
+    assert proc.stderr.startswith("pycni: error (code 7): ") and "no network named 'nope'" in proc.stderr
+
+
+def test_an_unknown_network_is_one_line_naming_the_dir_once_and_the_close_names(env, tmp_path):
+    out = CliRunner().invoke(cli, ["check", "tsetnet", "/run/netns/x"], env=env)
+    assert out.exit_code == 1
+    assert out.output == (
+        f"pycni: error (code 7): no network named 'tsetnet' in {tmp_path / 'net.d'}; did you mean 'testnet'?; "
+        "`pycni conf list` lists them all\n"
+    )
+    missing = CliRunner().invoke(cli, ["del", "x", "/run/netns/x", "--conf-dir", str(tmp_path / "nope")], env=env)
+    assert missing.output == (
+        f"pycni: error (code 7): no network named 'x' in {tmp_path / 'nope'} (no such directory); "
+        "`pycni conf list` lists them all\n"
+    )
 
 
 def test_plugin_error_code_reaches_the_user(env, fake_plugins, tmp_path):
@@ -140,12 +188,34 @@ def test_conf_list_show_validate(env, tmp_path):
             "cniVersion": "1.1.0",
             "plugins": ["fake-a", "fake-b"],
             "source": str(tmp_path / "net.d" / "10-test.conflist"),
-        }
+        },
+        {
+            "name": "nomad",
+            "cniVersion": "0.4.0",
+            "plugins": ["loopback", "bridge", "firewall", "portmap"],
+            "source": "<embedded nomad network>",
+            "embedded": True,
+        },
     ]
     shown = json.loads(run(["conf", "show", "testnet"], env).output)
     assert shown["plugins"][0]["capabilities"] == {"portMappings": True}
     valid = run(["conf", "validate", str(tmp_path / "net.d" / "10-test.conflist"), "--plugins"], env)
     assert json.loads(valid.output)["capabilities"] == ["portMappings"]
+
+
+def test_conf_list_reports_a_bad_file_on_stderr_and_lists_the_rest(env, tmp_path):
+    bad = tmp_path / "net.d" / "00-bad.conflist"
+    bad.write_text("{not json")
+    out = CliRunner().invoke(cli, ["conf", "list"], env=env)
+    assert out.exit_code == 1
+    assert [n["name"] for n in json.loads(out.stdout)] == ["testnet", "nomad"]
+    assert out.stderr.startswith(f"pycni: skipped {bad}: error parsing configuration list: ")
+    assert out.stderr.count("\n") == 1
+
+
+def test_conf_list_of_a_dir_that_does_not_exist_is_an_error(env, tmp_path):
+    out = CliRunner().invoke(cli, ["conf", "list", "--conf-dir", str(tmp_path / "nope")], env=env)
+    assert out.exit_code == 2 and f"{tmp_path / 'nope'} is not a directory" in out.stderr and out.stdout == ""
 
 
 def test_embedded_default_network_when_conf_dir_lacks_nomad(env, tmp_path):
@@ -183,7 +253,6 @@ def test_gc_reconcile_prints_its_report_and_dry_run_changes_nothing(env, fake_pl
     real = json.loads(run(["gc", "testnet", "--reconcile"], env).output)
     assert real["staleAttachments"] and not real["dryRun"]
     assert [c["env"]["CNI_COMMAND"] for c in fake_plugins.calls()][2:] == ["DEL", "DEL", "GC", "GC"]
-    assert run(["gc", "testnet", "--dry-run"], env).exit_code == 2
 
 
 @pytest.mark.parametrize(
@@ -212,3 +281,45 @@ def test_a_timeout_that_is_not_a_finite_positive_number_is_a_usage_error(env, fa
     out = run(["add", "testnet", "/run/netns/x", "--timeout", value], env)
     assert out.exit_code == 2 and "--timeout" in out.output
     assert fake_plugins.calls() == []
+
+
+@pytest.mark.parametrize("verb", [["add", "absentnet", "/run/netns/x"], ["conf", "validate", "PATH", "--plugins"]])
+def test_without_cni_path_every_verb_searches_the_one_default_plugin_path(env, tmp_path, verb):
+    conf = tmp_path / "net.d" / "05-absent.conflist"
+    conf.write_text(json.dumps({"cniVersion": "1.0.0", "name": "absentnet", "plugins": [{"type": "no-such-type"}]}))
+    env = env | {"CNI_PATH": None, "PYCNI_BACKEND": "exec"}  # None: unset
+    argv = [str(conf) if a == "PATH" else a for a in verb]
+    out = CliRunner().invoke(cli, argv, env=env)
+    assert out.exit_code == 1
+    assert 'failed to find plugin "no-such-type" in path [/opt/cni/bin /usr/lib/cni]' in out.output
+
+
+@pytest.mark.parametrize("verb", [["demo"], ["nomad", "setup"], ["inspect"], ["add"]])
+def test_every_verb_shows_the_same_default_plugin_path(verb):
+    out = CliRunner().invoke(cli, [*verb, "--help"])
+    assert "[default: /opt/cni/bin:/usr/lib/cni]" in " ".join(out.output.split())
+
+
+@pytest.mark.parametrize(
+    "verb, absent",
+    [
+        ("version", ["--conf-dir", "--ifname", "--container-id", "--args", "--cap-args", "--cache-dir", "--state-dir"]),
+        ("status", ["--ifname", "--container-id", "--args", "--cap-args", "--cache-dir"]),
+        ("gc", ["--ifname", "--container-id", "--args", "--cap-args"]),
+    ],
+)
+def test_verbs_offer_only_the_options_they_use(verb, absent):
+    options = {p.opts[0] for p in cli.commands[verb].params if isinstance(p, click.Option)}
+    assert options and not options & set(absent)
+
+
+def test_check_and_status_confirm_on_a_terminal_and_stay_silent_for_scripts(env, monkeypatch):
+    from pycni.cli import runtime_commands
+
+    run(["add", "testnet", "/run/netns/x"], env)
+    assert run(["check", "testnet", "/run/netns/x"], env).output == ""
+    assert run(["status", "testnet"], env).output == ""
+    monkeypatch.setattr(runtime_commands, "on_terminal", lambda: True)
+    checked = run(["check", "testnet", "/run/netns/x"], env).output
+    assert checked == f"testnet: {container_id_for('/run/netns/x')}/eth0 checks out\n"
+    assert run(["status", "testnet"], env).output == "testnet: ready (2 plugin(s) answered STATUS)\n"

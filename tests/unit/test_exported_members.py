@@ -58,6 +58,7 @@ PUBLIC = {
         "FORWARDING_RULES",
         "HOOK_GROUP",
         "NFT_APPLY",
+        "IPAM_LEASES",
         "NFT_ATTACHMENTS",
         "NFT_LIST_TABLE",
         "hook",

@@ -190,7 +190,7 @@ def test_check_names_the_lost_source(tmp_path: Path, fake_bus: FakeConn) -> None
     with pytest.raises(CNIError) as e:
         _run(tmp_path, "CHECK", backend="firewalld")
     assert e.value.msg == "firewalld zone trusted lacks the source(s) 198.18.64.2/32 of this container"
-    assert "pycni gc --reconcile" in e.value.details
+    assert "run `pycni gc nomad --reconcile` to restore" in e.value.details
 
 
 def test_backend_firewalld_without_firewalld_fails_add(tmp_path: Path, fake_bus: FakeConn) -> None:

@@ -45,8 +45,8 @@ def test_records_without_section_names_fall_back_to_the_owner():
 
 
 def test_check_details_end_with_the_fix():
-    assert nft.hinted() == "pycni gc --reconcile restores it"
-    assert nft.hinted("a", "", "b") == "a; b; pycni gc --reconcile restores it"
+    assert nft.hinted("net1") == "run `pycni gc net1 --reconcile` to restore"
+    assert nft.hinted("net1", "a", "", "b") == "a; b; run `pycni gc net1 --reconcile` to restore"
     taken = "element 198.18.0.2 of set firewall4 of table inet pycni belongs to another attachment (n c eth0)"
-    assert nft.hinted(taken) == taken
-    assert nft.hinted(about=taken) == ""
+    assert nft.hinted("net1", taken) == taken
+    assert nft.hinted("net1", about=taken) == ""

@@ -634,3 +634,25 @@ def test_processes_allocate_distinct_ips(data_dir: Path) -> None:
     assert len(ips) == 100
     assert len(set(ips)) == 100
     assert set(leases(data_dir)) == set(ips)
+
+
+def test_the_ipam_leases_hook_lists_every_lease_of_the_network_and_creates_nothing(tmp_path: Path) -> None:
+    from pycni_plugins.host_local import network_leases
+
+    ipam = {"type": "host-local", "dataDir": str(tmp_path / "ipam"), "ranges": [[{"subnet": "198.18.9.0/24"}]]}
+    bridge = {"type": "bridge", "ipam": ipam}
+    assert network_leases(NET, bridge) == [] and not (tmp_path / "ipam").exists()
+    d = tmp_path / "ipam" / NET
+    d.mkdir(parents=True)
+    (d / "198.18.9.2").write_bytes(b"ctr1\r\neth0")
+    (d / "198.18.9.3").write_bytes(b"old")  # a legacy bare-ID lease
+    (d / "last_reserved_ip.0").write_bytes(b"198.18.9.3")
+    assert network_leases(NET, bridge) == [("198.18.9.2", "ctr1/eth0"), ("198.18.9.3", "old (legacy lease)")]
+    assert network_leases(NET, ipam) == network_leases(NET, bridge)
+    assert network_leases(NET, {"type": "bridge", "ipam": {"type": "static"}}) == []
+
+
+def test_a_gc_dry_run_of_a_network_without_leases_makes_no_directory(tmp_path: Path) -> None:
+    conf = make_conf(tmp_path / "ipam", version="1.1.0") | {"pycni.dev/dry-run": True}
+    assert run("GC", conf) == {"removed": []}
+    assert not (tmp_path / "ipam").exists()

@@ -69,3 +69,49 @@ def test_install_refuses_a_directory_another_user_could_write_unless_forced(tmp_
     forced = subprocess.run([*argv, "--force"], capture_output=True, text=True, timeout=60)
     assert forced.returncode == 0 and forced.stdout.split() == [str(bindir / "loopback")], forced
     assert forced.stderr.startswith("warning: another user could replace the plugins installed in "), forced
+
+
+def _install(bindir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [
+        sys.executable,
+        "-m",
+        "pycni.cli",
+        "plugins",
+        "install",
+        str(bindir),
+        "--type",
+        "loopback",
+        "--type",
+        "bridge",
+    ]
+    return subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=60)
+
+
+def test_install_refuses_to_overwrite_a_file_it_did_not_write_unless_forced(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    go_bridge = b"\x7fELF a Go bridge plugin"
+    (bindir / "bridge").write_bytes(go_bridge)
+    refused = _install(bindir)
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        f"Error: {bindir} holds files pycni did not install: bridge; nothing installed (--force replaces them)\n"
+    )
+    assert sorted(os.listdir(bindir)) == ["bridge"] and (bindir / "bridge").read_bytes() == go_bridge
+    forced = _install(bindir, "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert (bindir / "bridge").read_bytes() != go_bridge
+    again = _install(bindir)  # its own shims it replaces freely
+    assert again.returncode == 0 and again.stdout.split() == [str(bindir / "loopback"), str(bindir / "bridge")]
+
+
+def test_uninstall_removes_only_the_shims_it_wrote(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    assert _install(bindir).returncode == 0
+    (bindir / "portmap").write_bytes(b"#!/bin/sh\nexec /opt/other/portmap\n")
+    (bindir / "host-local").symlink_to(bindir / "loopback")
+    argv = [sys.executable, "-m", "pycni.cli", "plugins", "uninstall", str(bindir)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == [str(bindir / "bridge"), str(bindir / "loopback")]
+    assert sorted(os.listdir(bindir)) == ["host-local", "portmap"]

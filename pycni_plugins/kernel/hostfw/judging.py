@@ -232,7 +232,7 @@ def firewalld_remedy(interface: str) -> str:
     q = shlex.quote(interface)
     return (
         "the firewall plugin makes each container's addresses sources of a firewalld zone (trusted) "
-        "where firewalld rejects their egress; after a firewalld reload `pycni gc --reconcile` re-adds "
+        "where firewalld rejects their egress; after a firewalld reload `pycni gc NETWORK --reconcile` re-adds "
         f"them; or the whole bridge: firewall-cmd --permanent --zone=trusted --add-interface={q}; firewall-cmd --reload"
     )
 

@@ -20,7 +20,7 @@
 from .attach import apply, missing, recorded, release
 from .listing import Found, attachments, collect, gc, map_elements, remove, remove_attachments, restore, restore_all
 from .ownership import Comment, Element, comment, holder
-from .skeleton import RECONCILE_HINT, Section, chains, check, ensure, hinted, repair, skeleton_problems
+from .skeleton import Section, chains, check, ensure, hinted, reconcile_hint, repair, skeleton_problems
 from .transport import (
     TABLE,
     VERIFY_EVERY,
@@ -68,6 +68,6 @@ __all__ = [
     "chains",
     "restore",
     "restore_all",
-    "RECONCILE_HINT",
+    "reconcile_hint",
     "hinted",
 ]

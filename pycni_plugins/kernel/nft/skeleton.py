@@ -27,7 +27,7 @@ from .. import nfnl
 from .ownership import Comment, Element, holder
 from .transport import READ_RETRIES, TABLE, VERIFY_EVERY, ElementConflict, NftError, memo, run, table
 
-__all__ = ["Section", "ensure", "repair", "skeleton_problems", "chains", "check", "RECONCILE_HINT", "hinted"]
+__all__ = ["Section", "ensure", "repair", "skeleton_problems", "chains", "check", "reconcile_hint", "hinted"]
 
 _RULE = re.compile(r"(?:add|insert) rule (\S+) \S+ (\S+) ")
 _JUMP = re.compile(r" jump (\S+)$")
@@ -251,15 +251,16 @@ def check(attachment: Attachment, elements: Iterable[Element], sections: Iterabl
     return None
 
 
-#: How a CHECK that finds pycni's own state missing ends (``pycni serve`` heals it by itself).
-RECONCILE_HINT = "pycni gc --reconcile restores it"
+def reconcile_hint(network: str) -> str:
+    """How a CHECK that finds pycni's own state missing ends (``pycni serve`` heals it by itself)."""
+    return f"run `pycni gc {network} --reconcile` to restore"
 
 
-def hinted(*parts: str, about: str = "") -> str:
+def hinted(network: str, *parts: str, about: str = "") -> str:
     """CHECK's details: ``parts`` (more of what is missing), joined, ending with
-    :data:`RECONCILE_HINT` — unless they or ``about`` (the message they detail) say another
-    attachment holds a key, which reconciling leaves alone."""
+    :func:`reconcile_hint` for ``network`` — unless they or ``about`` (the message they detail)
+    say another attachment holds a key, which reconciling leaves alone."""
     text = "; ".join(p for p in parts if p)
     if "belongs to another attachment" in f"{about} {text}":
         return text
-    return f"{text}; {RECONCILE_HINT}" if text else RECONCILE_HINT
+    return f"{text}; {reconcile_hint(network)}" if text else reconcile_hint(network)
