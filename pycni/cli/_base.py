@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
@@ -11,10 +13,20 @@ from ..backends import BACKEND_NAMES
 from ..cache import DEFAULT_CACHE_DIR
 from ..errors import CNIError
 from ..runtime import DEFAULT_PLUGIN_PATH
+from ..sdk import logs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["CNIFailure", "Group", "backend_option", "cache_dir_option", "state_dir_option", "plugin_path_option"]
+__all__ = [
+    "CNIFailure",
+    "Group",
+    "backend_option",
+    "cache_dir_option",
+    "state_dir_option",
+    "plugin_path_option",
+    "log_level_option",
+    "configure_logging",
+]
 
 
 class CNIFailure(click.ClickException):
@@ -83,3 +95,25 @@ def plugin_path_option(default: str = "", name: str = "--plugin-path") -> Callab
         show_default=bool(default),
         help="Plugin dirs for exec'd plugins, ':'-separated [$CNI_PATH].",
     )
+
+
+def log_level_option() -> Callable[[F], F]:
+    """The global ``--log-level``: a level name, passed on as a :mod:`logging` level (``None``:
+    not given; each verb's default applies)."""
+    return click.option(
+        "--log-level",
+        type=click.Choice(logs.LEVELS, case_sensitive=False),
+        envvar=logs.LEVEL_ENV,
+        default=None,
+        callback=lambda _ctx, _param, value: logs.parse_level(value),
+        help="Log pycni's work at this level on stderr: debug shows every plugin call and kernel "
+        "change [$PYCNI_LOG_LEVEL; default: warning, and info for serve].",
+    )
+
+
+def configure_logging(level: int | None) -> None:
+    """The CLI's log: stderr, text; warning when no level is given. A level given is passed on
+    to the plugins it execs (``$PYCNI_LOG_LEVEL``), whose stderr the runtime logs."""
+    if level is not None:
+        os.environ[logs.LEVEL_ENV] = logging.getLevelName(level).lower()
+    logs.configure(level if level is not None else logging.WARNING)

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from logging import DEBUG
 from typing import Any, TypeVar
 
 import attrs
@@ -40,6 +41,7 @@ from pyroute2 import IPRoute, NetlinkError
 from pyroute2.netlink import nlmsg_atoms
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
 
+from . import changes
 from .errors import LinkError
 
 __all__ = [
@@ -93,9 +95,14 @@ def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     pyroute2's errors are translated (:mod:`.addressing`, :mod:`.routing`, :mod:`.tc` and
     :mod:`.conntrack` send theirs through it)."""
     try:
-        return method(*args, **kwargs)
+        reply = method(*args, **kwargs)
     except NetlinkError as e:
+        if changes.log.isEnabledFor(DEBUG):
+            changes.netlink(method, args, kwargs, e.code)
         raise _error(e.code) from None
+    if changes.log.isEnabledFor(DEBUG):
+        changes.netlink(method, args, kwargs)
+    return reply
 
 
 class _macvlan_data(macvx_data):  # type: ignore[misc]  # pyroute2's classes are untyped (Any)
