@@ -9,6 +9,7 @@ disabled log costs one cached comparison per request.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -36,8 +37,16 @@ def _value(value: Any) -> str:
     return value if isinstance(value, str) and value and " " not in value else repr(value)
 
 
+def _unwrapped(method: Callable[..., Any]) -> Callable[..., Any]:
+    # pyroute2's sync IPRoute hands out partials of its runner around the async API's method.
+    while isinstance(method, functools.partial):
+        method = method.args[0] if method.args and callable(method.args[0]) else method.func
+    return method
+
+
 def netlink(method: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any], error: int = 0) -> None:
     """A pyroute2 request ``method(*args, **kwargs)`` that ended with ``error`` (an errno, 0: none)."""
+    method = _unwrapped(method)
     verb = args[0] if args and isinstance(args[0], str) else getattr(method, "__name__", "?")
     if verb.startswith(_READS):
         return
