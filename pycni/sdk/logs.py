@@ -38,6 +38,7 @@ __all__ = [
     "invocation",
     "parse_level",
     "under_systemd",
+    "journal_prefix",
     "AttachmentFilter",
     "TextFormatter",
     "JSONFormatter",
@@ -132,6 +133,11 @@ class AttachmentFilter(logging.Filter):
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3, logging.CRITICAL: 2}
 
 
+def journal_prefix(record: logging.LogRecord) -> str:
+    """The ``<N>`` a line for the journal starts with: the record's syslog priority."""
+    return f"<{_PRIORITY.get(record.levelno, 6)}>"
+
+
 class TextFormatter(logging.Formatter):
     """``2026-01-02T03:04:05.678Z DEBUG pycni.kernel: message network=n container=c ifname=i``;
     under the journal ``<7>DEBUG pycni.kernel: …`` (its own timestamp, and the priority)."""
@@ -148,7 +154,7 @@ class TextFormatter(logging.Formatter):
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         if self.journal:
-            return f"<{_PRIORITY.get(record.levelno, 6)}>{text}"
+            return journal_prefix(record) + text
         return f"{_timestamp(record)} {text}"
 
 

@@ -27,6 +27,11 @@ def field(text: str, limit: int = 80) -> str:
     return repr(text[:limit]) + ("..." if len(text) > limit else "")
 
 
+class _JournalLine(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return logs.journal_prefix(record) + super().format(record)
+
+
 class _Route(logging.Handler):
     """Warnings logged while a request runs go to that request's stderr (as an exec'd plugin's
     would, at its default level); the daemon's own records, and the plugins' records below
@@ -43,8 +48,8 @@ class _Route(logging.Handler):
             self.daemon = self.other = logs.JSONFormatter()
             return
         self.other = logs.TextFormatter(journal=journal)
-        if journal:  # the journal timestamps each line itself
-            self.daemon = logging.Formatter("pycni serve: %(message)s")
+        if journal:  # the journal timestamps each line itself, and reads the priority
+            self.daemon = _JournalLine("pycni serve: %(message)s")
         else:
             self.daemon = logging.Formatter("%(asctime)s.%(msecs)03dZ pycni serve: %(message)s", "%Y-%m-%dT%H:%M:%S")
             self.daemon.converter = time.gmtime

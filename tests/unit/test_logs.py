@@ -128,7 +128,7 @@ def test_the_daemon_leaves_a_caller_who_wants_more_than_warnings_to_its_shim(val
     assert serve_daemon._wants_own_log(value) is own_log
 
 
-def test_the_daemon_s_own_lines_on_the_journal_have_no_timestamp(
+def test_the_daemon_s_own_lines_on_the_journal_have_their_priority_and_no_timestamp(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with open(tmp_path / "journal", "w") as stream:
@@ -136,7 +136,7 @@ def test_the_daemon_s_own_lines_on_the_journal_have_no_timestamp(
         with serve_logs.logging_to(stream):
             serve_logs.log.info("serving on /x")
             logging.getLogger("pycni_plugins.kernel").debug("not at the default level")
-    assert (tmp_path / "journal").read_text() == "pycni serve: serving on /x\n"
+    assert (tmp_path / "journal").read_text() == "<6>pycni serve: serving on /x\n"
 
 
 def test_notify_ready_sends_ready_and_unsets_the_variable(tmp_path: Path) -> None:
