@@ -1,7 +1,8 @@
 """Every kernel change, logged at debug by the few doors it goes through: a netlink request that
 changes something (:func:`.links.call`: links, addresses, routes, rules, qdiscs and filters,
 conntrack entries), an nftables transaction (:mod:`.nft.transport`'s contexts), a sysctl write
-(:mod:`.sysctl`). Each line names the network namespace it happened in (its inode, as
+(:mod:`.sysctl`), an iptables-restore batch (:mod:`.iptables`), a firewalld zone source
+(:mod:`.firewalld`). Each line names the network namespace it happened in (its inode, as
 ``ls -l /proc/<pid>/ns/net`` shows it); the attachment it was made for is on the record
 (:mod:`pycni.sdk.logs`). The doors test :data:`log`'s level before calling in here, so a
 disabled log costs one cached comparison per request.
@@ -16,7 +17,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["log", "netlink", "nft_transaction", "sysctl"]
+__all__ = ["log", "netlink", "nft_transaction", "sysctl", "iptables", "firewalld"]
 
 log = logging.getLogger("pycni_plugins.kernel")
 
@@ -78,3 +79,13 @@ def nft_transaction(commands: str, rc: int, err: str = "") -> None:
 
 def sysctl(name: str, value: str | int) -> None:
     log.debug("sysctl %s=%s [netns %s]", name, value, _netns())
+
+
+def iptables(tool: str, lines: list[str] | tuple[str, ...]) -> None:
+    """One ``<tool>-restore --noflush`` batch of the filter table (the compatibility step)."""
+    log.debug("%s [netns %s]: %s", tool, _netns(), "; ".join(lines))
+
+
+def firewalld(method: str, zone: str, source: str) -> None:
+    """A firewalld zone source added or removed over D-Bus (firewalld's own namespace)."""
+    log.debug("firewalld %s zone=%s source=%s", method, zone, source)
