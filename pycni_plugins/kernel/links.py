@@ -25,6 +25,7 @@ thread sends it and waits for that alone.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import errno
 import os
 import secrets
@@ -453,7 +454,9 @@ def delete_link(name: str, timeout: float = 10.0) -> None:
     """
     done = threading.Event()
     outcome: list[Exception | None] = []
-    threading.Thread(target=_delete, args=(name, outcome, done), name=f"dellink:{name}", daemon=True).start()
+    # In the caller's context: its log records carry the caller's attachment.
+    run = contextvars.copy_context().run
+    threading.Thread(target=run, args=(_delete, name, outcome, done), name=f"dellink:{name}", daemon=True).start()
     deadline = time.monotonic() + timeout
     delay = 0.0003  # unlisting takes about a millisecond: look soon, then back off
     while not done.wait(delay):

@@ -1,4 +1,4 @@
-"""The debug log of an in-process ADD: every kernel change, named with its attachment; nothing at
+"""The debug log of an in-process ADD and DEL: every kernel change, named with its attachment; nothing at
 the default level."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -43,26 +43,26 @@ def logged() -> Iterator[io.StringIO]:
         logging.getLogger(name).setLevel(logging.NOTSET)
 
 
-def _add(host_ns: Any, make_netns: Any, tmp_path: Any) -> None:
+def _add(host_ns: Any, make_netns: Any, tmp_path: Any) -> Callable[[], None]:
+    """ADD; returns the DEL."""
     ctr = make_netns("c")
     runtime = Runtime([], cache_dir=str(tmp_path / "cache"), backend="inprocess", host_netns=host_ns.path)
     ports = {"portMappings": [{"hostPort": 18080, "containerPort": 80, "protocol": "tcp"}]}
-    runtime.add_network_list(_conflist(tmp_path), RuntimeConf(CID, ctr.path, "eth0", capability_args=ports))
+    rt = RuntimeConf(CID, ctr.path, "eth0", capability_args=ports)
+    runtime.add_network_list(_conflist(tmp_path), rt)
+    return lambda: runtime.delete_network_list(_conflist(tmp_path), rt)
 
 
-def test_debug_log_of_an_in_process_bridge_add_names_each_kernel_change_and_its_attachment(
+def test_debug_log_of_an_in_process_bridge_add_and_del_names_each_kernel_change_and_its_attachment(
     host_ns, make_netns, tmp_path, logged
 ):
     logs.configure(logging.DEBUG, stream=logged, env={})
-    _add(host_ns, make_netns, tmp_path)
+    delete = _add(host_ns, make_netns, tmp_path)
     lines = logged.getvalue().splitlines()
 
-    def changes(plugin: str, needle: str) -> list[str]:
-        return [
-            line
-            for line in lines
-            if " DEBUG pycni_plugins.kernel: " in line and needle in line and f"{ATTACHMENT} plugin={plugin}" in line
-        ]
+    def changes(plugin: str, needle: str, command: str = "ADD") -> list[str]:
+        fields = f"{ATTACHMENT} plugin={plugin} command={command}"
+        return [line for line in lines if " DEBUG pycni_plugins.kernel: " in line and needle in line and fields in line]
 
     assert changes("bridge", "netlink link add ifname=plog0 kind=bridge")
     assert changes("bridge", "netlink link add kind=veth")
@@ -81,6 +81,11 @@ def test_debug_log_of_an_in_process_bridge_add_names_each_kernel_change_and_its_
     # the changes happen in two namespaces: the host's and the container's
     namespaces = {line.split("[netns ")[1].split("]")[0] for line in changes("bridge", "netlink ")}
     assert len(namespaces) == 2
+
+    delete()  # the veth is deleted by a helper thread: its line names the attachment too
+    lines = logged.getvalue().splitlines()
+    assert changes("bridge", "netlink link del ifname=veth", "DEL")
+    assert changes("bridge", "nft transaction", "DEL") and changes("portmap", "nft transaction", "DEL")
 
 
 def test_the_default_level_logs_nothing_for_a_successful_add(host_ns, make_netns, tmp_path, logged):
