@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ..sdk import logs
+
 __all__ = ["serve"]
 
 
@@ -62,7 +64,7 @@ __all__ = ["serve"]
 )
 @click.option(
     "--log-format",
-    type=click.Choice(("text", "json")),
+    type=click.Choice(logs.FORMATS),
     default="text",
     show_default=True,
     help="Log lines as text (no timestamps on systemd's journal, which adds them) or as JSON "

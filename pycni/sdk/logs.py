@@ -75,7 +75,7 @@ def attachment_fields() -> Mapping[str, str]:
 class invocation:
     """Records made within the block (its netns workers' included) carry this invocation's
     attachment; a delegate's block (same attachment, another plugin) replaces only the plugin.
-    Entered on every plugin call, so it only remembers the request (a class: ~0.3 µs)."""
+    Entered on every plugin call, so it only remembers the request (a class: ~1 µs)."""
 
     __slots__ = ("current", "token")
 
@@ -148,8 +148,8 @@ def journal_prefix(record: logging.LogRecord) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """``2026-01-02T03:04:05.678Z DEBUG pycni.kernel: message network=n container=c ifname=i``;
-    under the journal ``<7>DEBUG pycni.kernel: …`` (its own timestamp, and the priority)."""
+    """``2026-01-02T03:04:05.678Z DEBUG pycni_plugins.kernel: message network=n container=c …``;
+    on the journal ``<7>DEBUG pycni_plugins.kernel: …`` (it adds the time, reads the priority)."""
 
     def __init__(self, *, journal: bool = False) -> None:
         super().__init__()

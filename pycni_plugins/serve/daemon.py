@@ -38,7 +38,6 @@ import contextlib
 import ctypes
 import errno
 import json
-import logging
 import os
 import selectors
 import socket
@@ -296,7 +295,9 @@ class Daemon:
             raise Fallback(f"no built-in plugin {field(request.plugin_type)}")
         if request.env.get("PYCNI_FAILPOINTS"):
             raise Fallback("PYCNI_FAILPOINTS asks for faults in the plugin's own process")
-        if _wants_own_log(request.env.get(logs.LEVEL_ENV, "")):
+        if request.env.get(logs.LEVEL_ENV):
+            # A plugin told its level formats its own log lines; the daemon sends back only the
+            # warnings, bare, as a plugin told nothing prints them.
             raise Fallback(f"{logs.LEVEL_ENV} asks for the plugin's own log on its stderr")
         request.deadline = time.monotonic() + self.limits.deadline
         waited = self._acquire(request)
@@ -438,16 +439,6 @@ def _raise_fd_limit() -> None:
     if soft != hard:
         with contextlib.suppress(ValueError, OSError):  # an unlimited hard limit is above fs.nr_open
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-
-
-def _wants_own_log(value: str) -> bool:
-    """Whether a caller's ``$PYCNI_LOG_LEVEL`` asks for more than the warnings the daemon sends
-    back (or is one the plugin would warn about): the plugin's log is the caller's to read."""
-    try:
-        level = logs.parse_level(value)
-    except ValueError:
-        return True
-    return level is not None and level < logging.WARNING
 
 
 def run(

@@ -15,7 +15,6 @@ from click.testing import CliRunner
 
 from pycni.cli import cli
 from pycni.sdk import PluginRequest, logs
-from pycni_plugins.serve import daemon as serve_daemon
 from pycni_plugins.serve import logs as serve_logs
 from pycni_plugins.serve.sockets import notify_ready
 
@@ -118,14 +117,6 @@ def test_the_cli_log_level_sets_pycni_loggers_and_passes_the_level_to_exec_d_plu
 def test_the_cli_refuses_an_unknown_log_level() -> None:
     result = CliRunner().invoke(cli, ["--log-level", "loud", "version"])
     assert result.exit_code == 2 and "Invalid value for '--log-level'" in result.output
-
-
-@pytest.mark.parametrize(
-    ("value", "own_log"),
-    [("", False), ("warning", False), ("error", False), ("info", True), ("debug", True), ("10", True), ("?", True)],
-)
-def test_the_daemon_leaves_a_caller_who_wants_more_than_warnings_to_its_shim(value: str, own_log: bool) -> None:
-    assert serve_daemon._wants_own_log(value) is own_log
 
 
 def test_the_daemon_s_own_lines_on_the_journal_have_their_priority_and_no_timestamp(
