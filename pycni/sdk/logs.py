@@ -188,6 +188,18 @@ def _timestamp(record: logging.LogRecord) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
 
 
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]  # typeshed's generic over the stream
+    """Writes to ``sys.stderr`` as it is at each record (as ``logging.lastResort`` does), not to
+    the one it was when configured (a test's captured stream, long closed)."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+
 _installed: list[logging.Handler] = []
 
 
@@ -208,8 +220,7 @@ def configure(
             chosen = parse_level(env.get(LEVEL_ENV)) or logging.WARNING
         except ValueError as e:
             chosen, bad = logging.WARNING, str(e)
-    stream = stream or sys.stderr
-    handler = logging.StreamHandler(stream)
+    handler = logging.StreamHandler(stream) if stream is not None else _Stderr()
     handler.setFormatter(JSONFormatter() if fmt == "json" else TextFormatter(journal=under_systemd(stream, env)))
     handler.addFilter(AttachmentFilter())
     root = logging.getLogger()

@@ -146,3 +146,12 @@ def test_notify_ready_to_a_socket_nobody_reads_warns_and_goes_on(tmp_path: Path)
     logs.configure(stream=stream, env={})
     assert notify_ready({"NOTIFY_SOCKET": str(tmp_path / "absent")}) is False
     assert "WARNING pycni.serve: cannot notify systemd on" in stream.getvalue()
+
+
+def test_the_default_stream_is_stderr_as_it_is_at_each_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    logs.configure(logging.INFO, env={})
+    for _ in range(2):  # a new stderr each time, as a test runner swaps it
+        stream = io.StringIO()
+        monkeypatch.setattr("sys.stderr", stream)
+        logging.getLogger("pycni.runtime").info("hello")
+        assert stream.getvalue().endswith(" INFO pycni.runtime: hello\n")
