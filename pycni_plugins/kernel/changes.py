@@ -1,11 +1,11 @@
 """Every kernel change, logged at debug by the few doors it goes through: a netlink request that
 changes something (:func:`.links.call`: links, addresses, routes, rules, qdiscs and filters,
-conntrack entries), an nftables transaction (:mod:`.nft.transport`'s contexts), a sysctl write
-(:mod:`.sysctl`), an iptables-restore batch (:mod:`.iptables`), a firewalld zone source
-(:mod:`.firewalld`). Each line names the network namespace it happened in (its inode, as
-``ls -l /proc/<pid>/ns/net`` shows it); the attachment it was made for is on the record
-(:mod:`pycni.sdk.logs`). The doors test :data:`log`'s level before calling in here, so a
-disabled log costs one cached comparison per request.
+conntrack entries; :mod:`.tc`'s own tbf request), an nftables transaction
+(:mod:`.nft.transport`'s contexts), a sysctl write (:mod:`.sysctl`), an iptables-restore batch
+(:mod:`.iptables`), a firewalld zone source (:mod:`.firewalld`). Each line names the network
+namespace it happened in (its inode, as ``ls -l /proc/<pid>/ns/net`` shows it); the attachment
+it was made for is on the record (:mod:`pycni.sdk.logs`). The doors test :data:`log`'s level
+before calling in here, so a disabled log costs one cached comparison per request.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["log", "netlink", "nft_transaction", "sysctl", "iptables", "firewalld"]
+__all__ = ["log", "netlink", "nft_transaction", "tbf", "sysctl", "iptables", "firewalld"]
 
 log = logging.getLogger("pycni_plugins.kernel")
 
@@ -75,6 +75,18 @@ def nft_transaction(commands: str, rc: int, err: str = "") -> None:
     error = (err or "").strip()
     outcome = f" failed: {error.splitlines()[0] if error else rc}" if rc else ""
     log.debug("nft transaction [netns %s]%s: %s", _netns(), outcome, "; ".join(changes))
+
+
+def tbf(index: int, rate: int, limit: int, buffer: int) -> None:
+    """A root tbf qdisc, which :mod:`.tc` sends on a netlink socket of its own."""
+    log.debug(
+        "netlink tc add tbf index=%d handle=1: rate=%d limit=%d buffer=%d [netns %s]",
+        index,
+        rate,
+        limit,
+        buffer,
+        _netns(),
+    )
 
 
 def sysctl(name: str, value: str | int) -> None:

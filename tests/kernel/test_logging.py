@@ -29,6 +29,7 @@ def _conflist(tmp_path: Any) -> Any:
         {"type": "bridge", "bridge": "plog0", "isGateway": True, "isDefaultGateway": True, "ipMasq": True}
         | {"ipam": ipam},
         {"type": "portmap", "capabilities": {"portMappings": True}},
+        {"type": "bandwidth", "ingressRate": 4_000_000, "ingressBurst": 80_000},
     ]
     return conflist_from_bytes(json.dumps({"cniVersion": "1.0.0", "name": "lognet", "plugins": plugins}).encode())
 
@@ -54,7 +55,7 @@ def _add(host_ns: Any, make_netns: Any, tmp_path: Any) -> Callable[[], None]:
 
 
 def test_debug_log_of_an_in_process_bridge_add_and_del_names_each_kernel_change_and_its_attachment(
-    host_ns, make_netns, tmp_path, logged
+    host_ns, make_netns, tmp_path, logged, kit
 ):
     logs.configure(logging.DEBUG, stream=logged, env={})
     delete = _add(host_ns, make_netns, tmp_path)
@@ -72,20 +73,24 @@ def test_debug_log_of_an_in_process_bridge_add_and_del_names_each_kernel_change_
     assert changes("bridge", "sysctl net/ipv4/ip_forward=1")
     assert changes("bridge", "nft transaction")  # the masquerade elements
     assert changes("portmap", "nft transaction") and any("18080" in ln for ln in changes("portmap", "nft transaction"))
+    assert any("tbf" in line for line in changes("bandwidth", "netlink tc add"))
     # each plugin call once, by the runtime, with its outcome and duration
     calls = [line for line in lines if " DEBUG pycni.runtime: plugin " in line]
     assert [line.split(" DEBUG pycni.runtime: ")[1].split(":")[0] for line in calls] == [
-        f"plugin {t} ADD network=lognet container={CID} ifname=eth0" for t in ("loopback", "bridge", "portmap")
+        f"plugin {t} ADD network=lognet container={CID} ifname=eth0"
+        for t in ("loopback", "bridge", "portmap", "bandwidth")
     ]
     assert all(": code 0 in " in line and line.endswith("ms") for line in calls)
     # the changes happen in two namespaces: the host's and the container's
     namespaces = {line.split("[netns ")[1].split("]")[0] for line in changes("bridge", "netlink ")}
     assert len(namespaces) == 2
 
-    delete()  # the veth is deleted by a helper thread: its line names the attachment too
+    delete()
+    kit.join_delete_helpers()  # the veth is deleted by a helper thread, which logs after DEL returns
     lines = logged.getvalue().splitlines()
     assert changes("bridge", "netlink link del ifname=veth", "DEL")
     assert changes("bridge", "nft transaction", "DEL") and changes("portmap", "nft transaction", "DEL")
+    assert changes("bandwidth", "netlink tc del", "DEL")
 
 
 def test_the_default_level_logs_nothing_for_a_successful_add(host_ns, make_netns, tmp_path, logged):
