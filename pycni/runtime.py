@@ -10,7 +10,9 @@ network namespace (``host_netns``) rather than only the caller's.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -38,6 +40,7 @@ DEFAULT_PLUGIN_PATH = ("/opt/cni/bin", "/usr/lib/cni")
 #: GC stdin key asking a built-in plugin to report what it would collect without collecting it.
 DRY_RUN_KEY = "pycni.dev/dry-run"
 T = TypeVar("T")
+log = logging.getLogger("pycni.runtime")
 
 
 @attrs.frozen
@@ -127,7 +130,25 @@ class Runtime:
 
     def _run(self, plugin: NetworkConfig, command: str, config: dict[str, Any], rt: RuntimeConf | None) -> Any:
         request = build_request(command, config, rt, self.path, self.state_dir)
-        return self._in_host(self.backend.run, plugin.type, request)
+        if not log.isEnabledFor(logging.DEBUG):
+            return self._in_host(self.backend.run, plugin.type, request)
+        started, outcome = time.monotonic(), "code 0"
+        try:
+            return self._in_host(self.backend.run, plugin.type, request)
+        except BaseException as e:
+            outcome = f"code {e.code}" if isinstance(e, CNIError) else type(e).__name__
+            raise
+        finally:
+            log.debug(
+                "plugin %s %s network=%s container=%s ifname=%s: %s in %.1fms",
+                plugin.type,
+                command,
+                config.get("name", "-"),
+                rt.container_id if rt else "-",
+                rt.ifname if rt else "-",
+                outcome,
+                (time.monotonic() - started) * 1000,
+            )
 
     def _config(self, net: NetworkConfigList, plugin: NetworkConfig, **kw: Any) -> dict[str, Any]:
         return build_config(

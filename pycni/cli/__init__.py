@@ -1,6 +1,7 @@
 """The ``pycni`` command line: a cnitool-compatible runtime CLI and more.
 
 Failures print one line (with the CNI error code) on stderr and exit 1; usage errors exit 2.
+``--log-level`` (``$PYCNI_LOG_LEVEL``) turns on the log, on stderr (:mod:`pycni.sdk.logs`).
 Heavy modules (pyroute2, the plugins) are imported only by the commands that need them.
 """
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from ._base import Group
+from ._base import Group, configure_logging, log_level_option
 
 __all__ = ["main", "cli"]
 
@@ -40,8 +41,13 @@ class _Group(Group):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="pycni", prog_name="pycni", message="%(prog)s %(version)s")
-def cli() -> None:
+@log_level_option()
+@click.pass_context
+def cli(ctx: click.Context, log_level: int | None) -> None:
     """pycni: run CNI network configurations (cnitool-compatible) with exec'd or in-process plugins."""
+    ctx.obj = log_level
+    if ctx.invoked_subcommand != "serve":  # the daemon has a log of its own
+        configure_logging(log_level)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import IO, Any, TypeVar
@@ -12,6 +14,7 @@ from ..backends import BACKEND_NAMES
 from ..cache import DEFAULT_CACHE_DIR
 from ..errors import CNIError
 from ..runtime import DEFAULT_PLUGIN_PATH
+from ..sdk import logs
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -23,6 +26,8 @@ __all__ = [
     "cache_dir_option",
     "state_dir_option",
     "plugin_path_option",
+    "log_level_option",
+    "configure_logging",
 ]
 
 
@@ -95,3 +100,25 @@ def plugin_path_option(name: str = "--plugin-path") -> Callable[[F], F]:
         show_default=True,
         help="Plugin dirs for exec'd plugins, ':'-separated [$CNI_PATH].",
     )
+
+
+def log_level_option() -> Callable[[F], F]:
+    """The global ``--log-level``: a level name, passed on as a :mod:`logging` level (``None``:
+    not given; each verb's default applies)."""
+    return click.option(
+        "--log-level",
+        type=click.Choice(logs.LEVELS, case_sensitive=False),
+        envvar=logs.LEVEL_ENV,
+        default=None,
+        callback=lambda _ctx, _param, value: logs.parse_level(value),
+        help="Log pycni's work at this level on stderr: debug shows every plugin call and kernel "
+        "change [$PYCNI_LOG_LEVEL; default: warning, and info for serve].",
+    )
+
+
+def configure_logging(level: int | None) -> None:
+    """The CLI's log: stderr, text; warning when no level is given. A level given is passed on
+    to the plugins it execs (``$PYCNI_LOG_LEVEL``), whose stderr the runtime logs."""
+    if level is not None:
+        os.environ[logs.LEVEL_ENV] = logging.getLevelName(level).lower()
+    logs.configure(level if level is not None else logging.WARNING)

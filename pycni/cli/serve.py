@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ..sdk import logs
+
 __all__ = ["serve"]
 
 
@@ -60,7 +62,17 @@ __all__ = ["serve"]
     show_default=True,
     help="Watch each host namespace served for a firewall reload that removes pycni's nftables state, and put it back.",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(logs.FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines as text (no timestamps on systemd's journal, which adds them) or as JSON "
+    "objects (time, level, logger, message, and the attachment's network, container, ifname).",
+)
+@click.pass_obj
 def serve(
+    log_level: int | None,
     socket_path: str | None,
     check: bool,
     workers: int,
@@ -69,10 +81,12 @@ def serve(
     deadline: float,
     drain: float,
     heal: bool,
+    log_format: str,
 ) -> None:
     """Run the built-in plugins for the shims `pycni plugins install` writes (foreground, logs to
-    stderr, one line per request). SIGTERM stops accepting, lets running requests finish and
-    removes the socket."""
+    stderr, one line per request; the global --log-level debug adds every kernel change). Tells
+    systemd when it listens ($NOTIFY_SOCKET). SIGTERM stops accepting, lets running requests
+    finish and removes the socket."""
     from pycni_plugins.serve import socket_path as resolve
 
     path = resolve(socket_path)
@@ -84,4 +98,5 @@ def serve(
         raise SystemExit(0 if ok else 1)
     from pycni_plugins.serve.daemon import Limits, run
 
-    run(path, Limits(workers=workers, queue=queue, wait=wait, deadline=deadline, drain=drain), heal=heal)
+    limits = Limits(workers=workers, queue=queue, wait=wait, deadline=deadline, drain=drain)
+    run(path, limits, heal=heal, level=log_level, fmt=log_format)

@@ -9,7 +9,7 @@ and the standard library; neither the runtime nor the plugins are imported by it
 Modules: :mod:`.request` (PluginRequest), :mod:`.plugin` (the contract, the built-in registry,
 delegation), :mod:`.args` (``CNI_ARGS``), :mod:`.validate` (names, IDs, ifnames), :mod:`.invoke`
 (exec'ing a plugin binary), :mod:`.skel` (the exec'd entry point), :mod:`.cancel` (waits that
-give up when the caller has gone).
+give up when the caller has gone), :mod:`.logs` (the log level and the attachment on each record).
 """
 
 from __future__ import annotations

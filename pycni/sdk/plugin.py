@@ -25,6 +25,7 @@ from .. import version as _version
 from ..errors import CNIError, ErrorCode, PluginError, PluginNotFoundError
 from ..types._common import str_tuple
 from .invoke import exec_plugin
+from .logs import invocation
 from .request import PluginRequest
 
 __all__ = [
@@ -148,7 +149,12 @@ class Plugin:
         """Dispatch ``request.command`` after the version gates every CNI plugin applies.
 
         Returns the command's JSON output: ADD's result, VERSION's info, GC's report (if any);
-        ``None`` for the others."""
+        ``None`` for the others. What is logged meanwhile carries the attachment
+        (:func:`.logs.invocation`)."""
+        with invocation(self.type, request):
+            return self._dispatch(request)
+
+    def _dispatch(self, request: PluginRequest) -> dict[str, Any] | None:
         cmd = request.command
         if cmd == "VERSION":
             return self.version_info()

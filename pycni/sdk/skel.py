@@ -36,6 +36,7 @@ from .. import _json
 from .._json import go_escape, go_field
 from ..errors import CNIError, ErrorCode
 from .invoke import PARENT_PID_ENV
+from .logs import LEVEL_ENV, configure
 from .plugin import Plugin, builtin_plugin, internal_errors
 from .request import PluginRequest, default_state_dir
 from .validate import NAME_PATTERN, validate_attachment_key, validate_container_id
@@ -199,10 +200,13 @@ def main(plugin_type: str, target: str | None = None, stdin: bytes | None = None
     ``target`` (``module:Class``, resolved from the entry point at install time) spares the
     entry-point scan, which imports every built-in plugin (~40 ms). ``stdin`` is the request
     when the caller has read it already (a shim falling back to running the plugin itself).
+    ``$PYCNI_LOG_LEVEL`` turns its log (stderr) on (:mod:`.logs`).
     It leaves through ``os._exit`` once stdout is written: a one-shot plugin has nothing to
     finalise, and interpreter teardown would only add milliseconds to every call.
     """
     _die_with_parent()
+    if os.environ.get(LEVEL_ENV):
+        configure()
     plugin = _load(target) if target else builtin_plugin(plugin_type)
     status, out = respond(plugin, plugin_type, os.environ, sys.stdin.buffer.read() if stdin is None else stdin)
     sys.stdout.buffer.write(out)

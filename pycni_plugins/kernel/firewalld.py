@@ -20,6 +20,8 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from . import changes
+
 __all__ = [
     "SYSTEM_BUS",
     "FirewalldError",
@@ -119,6 +121,7 @@ class Session:
             if e.code == "ZONE_ALREADY_SET":
                 return False
             raise
+        changes.firewalld("addSource", zone, source)
         return True
 
     def remove_source(self, zone: str, source: str) -> bool:
@@ -130,6 +133,7 @@ class Session:
             if e.code in ("UNKNOWN_SOURCE", "ZONE_CONFLICT", "INVALID_ZONE"):
                 return False
             raise
+        changes.firewalld("removeSource", zone, source)
         return True
 
     def add_sources(self, zone: str, sources: Iterable[str]) -> list[str]:

@@ -25,6 +25,7 @@ thread sends it and waits for that alone.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import errno
 import os
 import secrets
@@ -33,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from logging import DEBUG
 from typing import Any, TypeVar
 
 import attrs
@@ -40,6 +42,7 @@ from pyroute2 import IPRoute, NetlinkError
 from pyroute2.netlink import nlmsg_atoms
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
 
+from . import changes
 from .errors import LinkError
 
 __all__ = [
@@ -93,9 +96,14 @@ def call(method: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     pyroute2's errors are translated (:mod:`.addressing`, :mod:`.routing`, :mod:`.tc` and
     :mod:`.conntrack` send theirs through it)."""
     try:
-        return method(*args, **kwargs)
+        reply = method(*args, **kwargs)
     except NetlinkError as e:
+        if changes.log.isEnabledFor(DEBUG):
+            changes.netlink(method, args, kwargs, e.code)
         raise _error(e.code) from None
+    if changes.log.isEnabledFor(DEBUG):
+        changes.netlink(method, args, kwargs)
+    return reply
 
 
 class _macvlan_data(macvx_data):  # type: ignore[misc]  # pyroute2's classes are untyped (Any)
@@ -446,7 +454,9 @@ def delete_link(name: str, timeout: float = 10.0) -> None:
     """
     done = threading.Event()
     outcome: list[Exception | None] = []
-    threading.Thread(target=_delete, args=(name, outcome, done), name=f"dellink:{name}", daemon=True).start()
+    # In the caller's context: its log records carry the caller's attachment.
+    run = contextvars.copy_context().run
+    threading.Thread(target=run, args=(_delete, name, outcome, done), name=f"dellink:{name}", daemon=True).start()
     deadline = time.monotonic() + timeout
     delay = 0.0003  # unlisting takes about a millisecond: look soon, then back off
     while not done.wait(delay):

@@ -9,6 +9,9 @@ may contain dots, so the dotted sysctl form would be ambiguous).
 from __future__ import annotations
 
 import os
+from logging import DEBUG
+
+from . import changes
 
 __all__ = ["read", "write", "ensure"]
 
@@ -32,6 +35,8 @@ def write(name: str, value: str | int) -> None:
         os.write(fd, str(value).encode())
     finally:
         os.close(fd)
+    if changes.log.isEnabledFor(DEBUG):
+        changes.sysctl(name, value)
 
 
 def ensure(name: str, value: str | int) -> bool:

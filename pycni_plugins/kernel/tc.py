@@ -14,10 +14,12 @@ import errno
 import os
 import socket
 import struct
+from logging import DEBUG
 from typing import Any
 
 import attrs
 
+from . import changes
 from .links import IPRoute, LinkError, call
 
 __all__ = ["TBF", "tbf_params", "add_tbf", "get_tbf", "add_ingress_redirect", "ingress_redirect", "delete_qdisc"]
@@ -81,6 +83,8 @@ def add_tbf(index: int, tbf: TBF) -> None:
     msg["header"]["sequence_number"] = 1
     msg.encode()
     _send(msg.data)
+    if changes.log.isEnabledFor(DEBUG):
+        changes.tbf(index, tbf.rate, tbf.limit, tbf.buffer)
 
 
 def _send(data: bytes) -> None:

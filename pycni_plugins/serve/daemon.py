@@ -50,7 +50,7 @@ import attrs
 
 from pycni import netns
 from pycni._version import __version__
-from pycni.sdk import Plugin, builtin_plugin, builtin_plugins, cancel, default_state_dir, environment
+from pycni.sdk import Plugin, builtin_plugin, builtin_plugins, cancel, default_state_dir, environment, logs
 from pycni.sdk.skel import respond
 
 from ..kernel import links
@@ -58,7 +58,7 @@ from ..kernel.firewalld import bus_address
 from .heal import Healer
 from .logs import CAPTURED, field, log, logging_to
 from .request import ACCEPTED, Fallback, Gone, Request, error_outcome, receive, result_frame, try_again
-from .sockets import listen, systemd_listener
+from .sockets import listen, notify_ready, systemd_listener
 
 __all__ = ["Limits", "Daemon", "run"]
 
@@ -295,6 +295,10 @@ class Daemon:
             raise Fallback(f"no built-in plugin {field(request.plugin_type)}")
         if request.env.get("PYCNI_FAILPOINTS"):
             raise Fallback("PYCNI_FAILPOINTS asks for faults in the plugin's own process")
+        if request.env.get(logs.LEVEL_ENV):
+            # A plugin told its level formats its own log lines; the daemon sends back only the
+            # warnings, bare, as a plugin told nothing prints them.
+            raise Fallback(f"{logs.LEVEL_ENV} asks for the plugin's own log on its stderr")
         request.deadline = time.monotonic() + self.limits.deadline
         waited = self._acquire(request)
         if waited is not None:
@@ -437,12 +441,21 @@ def _raise_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
-def run(path: str, limits: Limits | None = None, stream: TextIO | None = None, *, heal: bool = True) -> None:
-    """``pycni serve``: serve in the foreground until SIGTERM/SIGINT, logging to ``stream``."""
+def run(
+    path: str,
+    limits: Limits | None = None,
+    stream: TextIO | None = None,
+    *,
+    heal: bool = True,
+    level: int | None = None,
+    fmt: str = "text",
+) -> None:
+    """``pycni serve``: serve in the foreground until SIGTERM/SIGINT, logging to ``stream`` at
+    ``level`` (:func:`.logs.logging_to`) in ``fmt``; tells systemd when it listens."""
     import signal
     import sys
 
-    with logging_to(stream or sys.stderr):
+    with logging_to(stream or sys.stderr, level, fmt):
         _raise_fd_limit()
         builtin_plugins()  # import them all now, not in the first request
         listener = systemd_listener()
@@ -454,4 +467,5 @@ def run(path: str, limits: Limits | None = None, stream: TextIO | None = None, *
         daemon = Daemon(listener, path=path, owned=owned, limits=limits, heal=heal)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: daemon.stop())
+        notify_ready()
         daemon.serve_forever()

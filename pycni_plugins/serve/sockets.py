@@ -1,10 +1,12 @@
 """The daemon's socket: bound safely (a private directory, a stale socket replaced, a live one
-refused), or the one systemd passed; and a ping, to tell whether a daemon answers on it."""
+refused), or the one systemd passed; telling systemd it listens (sd_notify); and a ping, to tell
+whether a daemon answers on it."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import stat
@@ -15,7 +17,7 @@ from pycni.errors import CNIError, ErrorCode
 
 from .request import PING
 
-__all__ = ["DaemonError", "listen", "systemd_listener", "check"]
+__all__ = ["DaemonError", "listen", "systemd_listener", "notify_ready", "check"]
 
 
 class DaemonError(CNIError):
@@ -89,6 +91,24 @@ def systemd_listener(environ: MutableMapping[str, str] = os.environ) -> socket.s
         raise DaemonError("the socket systemd passed is not listening")
     sock.set_inheritable(False)
     return sock
+
+
+def notify_ready(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """Tell systemd (``Type=notify``) the daemon listens: ``READY=1`` to ``$NOTIFY_SOCKET`` (a
+    path, or ``@name`` in the abstract namespace), which is then removed so that nothing this
+    daemon runs inherits it. Whether a message was sent; a socket that refuses it is reported
+    once and otherwise ignored (the daemon serves either way)."""
+    address = environ.pop("NOTIFY_SOCKET", "")
+    if not address:
+        return False
+    target = b"\0" + os.fsencode(address[1:]) if address.startswith("@") else os.fsencode(address)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+            sock.sendto(b"READY=1", target)
+    except OSError as e:
+        logging.getLogger("pycni.serve").warning("cannot notify systemd on %s: %s", address, e.strerror or e)
+        return False
+    return True
 
 
 def check(path: str, timeout: float = 5.0) -> tuple[bool, str]:

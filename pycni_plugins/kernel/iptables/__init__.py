@@ -38,9 +38,11 @@ import contextlib
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from logging import DEBUG
 
 import attrs
 
+from .. import changes
 from .rules import (
     ADMIN_COMMENT,
     CHAIN,
@@ -151,6 +153,8 @@ def read(place: Place) -> Rules:
 def _restore(place: Place, lines: Sequence[str]) -> None:
     if lines:
         _run([place.tool("-restore"), "-w", "--noflush"], "*filter\n" + "\n".join(lines) + "\nCOMMIT\n")
+        if changes.log.isEnabledFor(DEBUG):
+            changes.iptables(place.tool("-restore"), list(lines))
         if place.flavour == "legacy":
             from ..nft.transport import memo
 

@@ -3,19 +3,21 @@ the per-namespace memo of what was last verified."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from logging import DEBUG
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from pycni.errors import CNIError, ErrorCode
 
-from .. import nfnl
+from .. import changes, nfnl
 
 if TYPE_CHECKING:
     from .ownership import Element
@@ -158,12 +160,31 @@ def context() -> Any:
     cached = getattr(_local, "ctx", None)
     if cached is not None and cached[0] == ident:
         return cached[1]
-    import nftables
-
-    ctx = nftables.Nftables()
+    ctx = _logged_context()
     _local.ctx = (ident, ctx)
     _local.memo = _shared_memo()
     return ctx
+
+
+@functools.cache
+def _logged_context_class() -> type[Any]:
+    import nftables
+
+    class LoggedNftables(nftables.Nftables):  # type: ignore[misc]  # libnftables' binding is untyped
+        """A context whose changes are logged at debug (:mod:`..changes`); ``json_cmd`` calls
+        ``cmd`` too."""
+
+        def cmd(self, cmdline: str) -> tuple[int, Any, str]:
+            rc, out, err = super().cmd(cmdline)
+            if changes.log.isEnabledFor(DEBUG):
+                changes.nft_transaction(cmdline, rc, err)
+            return rc, out, err
+
+    return LoggedNftables
+
+
+def _logged_context() -> Any:
+    return _logged_context_class()()
 
 
 def memo() -> Memo:
