@@ -65,7 +65,16 @@ def _request(env: Mapping[str, str], stdin: bytes) -> PluginRequest:
     if missing:
         raise _error(f"required env variables [{','.join(missing)}] missing", ErrorCode.INVALID_ENVIRONMENT_VARIABLES)
     config: Any = {}
-    if command != "VERSION":
+    if command == "VERSION":
+        # Only a plugin that reads it (the chain's inner list) looks; a runtime's dummy or
+        # garbage stdin is no error for VERSION.
+        try:
+            config = _json.loads(stdin)
+        except _json.JSONDecodeFailure:
+            pass
+        if not isinstance(config, dict):
+            config = {}
+    else:
         try:
             config = _json.loads(stdin)
         except _json.JSONDecodeFailure as e:
