@@ -209,6 +209,14 @@ class ListRunner:
     def version_info(self, plugin_type: str) -> VersionInfo:
         return self.in_host(self.backend.version_info, plugin_type, self.path)
 
+    def plugin_versions(self, net: NetworkConfigList, plugin: NetworkConfig) -> VersionInfo:
+        """``plugin``'s VERSION answer. A built-in one is given its config, as an exec'd one is
+        not (libcni sends a dummy): the chain plugin's answer depends on its inner list."""
+        if not self.backend.is_builtin(plugin.type):
+            return self.version_info(plugin.type)
+        out = self.run(plugin, "VERSION", self.config(net, plugin), None)
+        return VersionInfo(out["cniVersion"], tuple(out["supportedVersions"]))
+
     def supported_versions(self, plugins: Iterable[NetworkConfig]) -> tuple[str, ...]:
         """The versions every one of ``plugins`` supports, in the first one's order."""
         common: list[str] | None = None
@@ -226,7 +234,7 @@ class ListRunner:
         for plugin in net.plugins:
             try:
                 self.backend.find(plugin.type, self.path)
-                info = self.version_info(plugin.type)
+                info = self.plugin_versions(net, plugin)
                 if wanted not in info.supported_versions:
                     raise VersionError(
                         f'plugin {plugin.type} does not support config version "{net.cni_version}"',

@@ -89,6 +89,14 @@ def _cni_args(text: str) -> tuple[tuple[str, str], ...]:
     return pairs
 
 
+def _said(error: CNIError) -> CNIError:
+    """An inner plugin's error as the chain says it: which plugin failed (the context the list
+    runner added) is part of the message, in-process as on stdout."""
+    if not error.context:
+        return error
+    return CNIError(f"{error.context}: {error.msg}", error.details, code=error.code, plugin=error.plugin)
+
+
 class ChainPlugin(Plugin):
     """Runs the inner list of its config (see the module's docstring)."""
 
@@ -112,10 +120,6 @@ class ChainPlugin(Plugin):
         net = inner_list(request.config)
         check_capabilities(request.config, net)
         return net, self._attachment(request), self._runner(request)
-
-    def validate(self, request: PluginRequest) -> None:
-        net, rt, runner = self._parts(request)
-        runner.preflight(net, rt)
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
         net, rt, runner = self._parts(request)
@@ -153,9 +157,19 @@ class ChainPlugin(Plugin):
         runner.status(net)
 
     def handle(self, request: PluginRequest) -> dict[str, Any] | None:
-        if request.command == "VERSION" and "plugins" in request.config:
-            return self._versions(request)
-        return super().handle(request)
+        try:
+            if request.command == "VERSION" and "plugins" in request.config:
+                return self._versions(request)
+            return super().handle(request)
+        except CNIError as e:
+            raise _said(e) from e
+
+    def validate(self, request: PluginRequest) -> None:
+        try:
+            net, rt, runner = self._parts(request)
+            runner.preflight(net, rt)
+        except CNIError as e:
+            raise _said(e) from e
 
     def _versions(self, request: PluginRequest) -> dict[str, Any]:
         """VERSION given the chain's config: what this plugin and every inner one support."""

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pycni import netns
-from pycni.chain import fold
+from pycni.chain import CHAIN_TYPE, fold
 from pycni.config import conflist_from_bytes
 from pycni.nomad.conflist import NomadBridgeConfig, bridge_conflist
 from pycni.runtime import Runtime
@@ -208,6 +208,7 @@ def _attach(runtime: Runtime, data: bytes, rt: RuntimeConf, host: str, ctr: str,
 def test_folded_list_gives_the_unfolded_result_and_kernel_state_and_leaves_nothing(
     chain: str,
     runtimes: Callable[[], Runtime],
+    request: pytest.FixtureRequest,
     tmp_path: Path,
     host_ns: netns.Throwaway,
     make_netns: Callable[[str], netns.Throwaway],
@@ -233,6 +234,13 @@ def test_folded_list_gives_the_unfolded_result_and_kernel_state_and_leaves_nothi
     assert [n for n in after_folded["host"]["links"] if n.startswith("<veth")] == []
     assert {k: v for k, v in after_folded["nft"].items() if v and not k.endswith(" epoch")} == {}
     assert after_folded["leases"] == before["leases"] == []
+    if request.node.callspec.params["runtimes"] == "daemon":
+        # The unfolded ADD is a request per plugin, the folded one a single request.
+        served = [line.split()[:2] for line in request.getfixturevalue("daemon").requests() if " ADD " in line]
+        assert served[-1] == [CHAIN_TYPE, "ADD"]
+        assert [kind for kind, _ in served[:-1]] == [
+            p["type"] for p in json.loads(unfolded)["plugins"] if p["type"] != GO_TUNING
+        ]
     if chain == "go-in-the-middle":
         assert state["container"]["links"]["eth0"]["mtu"] == 1280
     if chain == "bridge+bandwidth":
