@@ -17,7 +17,7 @@ from attrs import evolve
 
 from . import _json
 from .errors import CNIError, InvalidArgumentError, PluginError, PluginNotFoundError
-from .sdk import Plugin, PluginRequest, builtin_plugin, internal_errors
+from .sdk import Plugin, PluginRequest, builtin_plugin, environ, internal_errors
 from .sdk.invoke import VersionInfo, exec_plugin, exec_version, find_plugin
 
 __all__ = [
@@ -68,7 +68,8 @@ class ExecBackend:
         return find_plugin(plugin_type, paths)
 
     def run(self, plugin_type: str, request: PluginRequest) -> dict[str, Any] | None:
-        return exec_plugin(plugin_type, request, timeout=self.timeout)
+        # The caller's environment: inside `pycni serve` (a chain's inner plugins), the shim's.
+        return exec_plugin(plugin_type, request, timeout=self.timeout, env=environ())
 
     def version_info(self, plugin_type: str, paths: Sequence[str]) -> VersionInfo:
         return exec_version(plugin_type, paths, timeout=self.timeout)

@@ -10,11 +10,9 @@ network namespace (``host_netns``) rather than only the caller's.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import attrs
 
@@ -25,11 +23,12 @@ from .cache import DEFAULT_CACHE_DIR, CachedAttachment, ResultsCache
 from .config import NetworkConfig, NetworkConfigList, conflist_from_conf
 from .errors import CacheError, CNIError, InvalidArgumentError, MultiError, ResultError, VersionError
 from .failpoints import failpoint
-from .runtime_conf import RuntimeConf, build_config, build_request
+from .list_runner import DRY_RUN_KEY, ListRunner, describe
+from .runtime_conf import RuntimeConf, build_config
 from .sdk import default_state_dir
 from .sdk.attachment import GCAttachment
 from .sdk.invoke import VersionInfo, inheriting
-from .sdk.validate import validate_attachment_key, validate_container_id, validate_network_name
+from .sdk.validate import validate_attachment_key
 from .types import AnyResult, convert, parse_result
 
 __all__ = ["Runtime", "ReconcileReport", "DEFAULT_PLUGIN_PATH", "DRY_RUN_KEY"]
@@ -37,10 +36,6 @@ __all__ = ["Runtime", "ReconcileReport", "DEFAULT_PLUGIN_PATH", "DRY_RUN_KEY"]
 #: Where plugins are looked for without ``CNI_PATH``: the CNI convention, then Debian's and
 #: Ubuntu's ``containernetworking-plugins`` package. Every pycni entry point uses this one.
 DEFAULT_PLUGIN_PATH = ("/opt/cni/bin", "/usr/lib/cni")
-#: GC stdin key asking a built-in plugin to report what it would collect without collecting it.
-DRY_RUN_KEY = "pycni.dev/dry-run"
-T = TypeVar("T")
-log = logging.getLogger("pycni.runtime")
 
 
 @attrs.frozen
@@ -65,13 +60,9 @@ class ReconcileReport:
         }
 
 
-def _describe(plugin: NetworkConfig, op: str) -> str:
-    name = f' name="{plugin.name}"' if plugin.name else ""
-    return f'plugin type="{plugin.type}"{name} failed ({op})'
-
-
 class Runtime:
-    """Runs network lists for attachments, as libcni's ``CNIConfig``.
+    """Runs network lists for attachments, as libcni's ``CNIConfig``: a :class:`ListRunner`
+    (how the plugins of a list run) plus the results cache and the locks.
 
     ``path``: plugin directories (``CNI_PATH``); ``cache_dir``: results cache root;
     ``state_dir``: the plugins' own records (in-process: the request's ``state_dir``; exec'd:
@@ -97,16 +88,37 @@ class Runtime:
         if path is None:
             env_path = os.environ.get("CNI_PATH")
             path = env_path.split(":") if env_path else DEFAULT_PLUGIN_PATH
-        self.path = tuple(path)
+        if backend is None or isinstance(backend, str):
+            backend = select_backend(backend, timeout=timeout)
         self.cache = ResultsCache(cache_dir)
-        self.state_dir = state_dir or default_state_dir()
-        self.backend = (
-            backend
-            if backend is not None and not isinstance(backend, str)
-            else select_backend(backend, timeout=timeout)
+        #: How the plugins of a list run (shared with the chain plugin, :mod:`pycni.chain`).
+        self.plugins = ListRunner(
+            path,
+            backend,
+            state_dir or default_state_dir(),
+            host_netns=host_netns,
+            strip_capabilities=strip_capabilities,
         )
-        self.host_netns = host_netns
-        self.strip_capabilities = strip_capabilities
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        return self.plugins.path
+
+    @property
+    def backend(self) -> Backend:
+        return self.plugins.backend
+
+    @property
+    def state_dir(self) -> str:
+        return self.plugins.state_dir
+
+    @property
+    def host_netns(self) -> str | None:
+        return self.plugins.host_netns
+
+    @property
+    def strip_capabilities(self) -> bool:
+        return self.plugins.strip_capabilities
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -122,39 +134,6 @@ class Runtime:
         ):
             yield
 
-    def _in_host(self, fn: Callable[..., T], *args: Any) -> T:
-        # The calling thread enters the host namespace itself (no thread per call), so what the
-        # plugins keep per thread (nftables contexts, netlink sockets) is reused across calls.
-        with _netns.entered(self.host_netns):
-            return fn(*args)
-
-    def _run(self, plugin: NetworkConfig, command: str, config: dict[str, Any], rt: RuntimeConf | None) -> Any:
-        request = build_request(command, config, rt, self.path, self.state_dir)
-        if not log.isEnabledFor(logging.DEBUG):
-            return self._in_host(self.backend.run, plugin.type, request)
-        started, outcome = time.monotonic(), "code 0"
-        try:
-            return self._in_host(self.backend.run, plugin.type, request)
-        except BaseException as e:
-            outcome = f"code {e.code}" if isinstance(e, CNIError) else type(e).__name__
-            raise
-        finally:
-            log.debug(
-                "plugin %s %s network=%s container=%s ifname=%s: %s in %.1fms",
-                plugin.type,
-                command,
-                config.get("name", "-"),
-                rt.container_id if rt else "-",
-                rt.ifname if rt else "-",
-                outcome,
-                (time.monotonic() - started) * 1000,
-            )
-
-    def _config(self, net: NetworkConfigList, plugin: NetworkConfig, **kw: Any) -> dict[str, Any]:
-        return build_config(
-            plugin, name=net.name, cni_version=net.cni_version, strip_capabilities=self.strip_capabilities, **kw
-        )
-
     # -- ADD -----------------------------------------------------------------------------
 
     def add_network_list(self, net: NetworkConfigList, rt: RuntimeConf, *, rollback: bool = False) -> AnyResult:
@@ -167,43 +146,16 @@ class Runtime:
         """
         with self._locked(net.name, rt.container_id):
             self.cache.ensure_writable()
-            self._preflight(net, rt)
+            self.plugins.preflight(net, rt)
             self._refuse_attached_elsewhere(net, rt)
-            prev: AnyResult | None = None
-            for index, plugin in enumerate(net.plugins):
-                failpoint("runtime.add.before-plugin")
-                try:
-                    prev = self._add_one(net, plugin, rt, prev)
-                except CNIError as e:
-                    error = e.with_context(_describe(plugin, "add"))
-                    if rollback:
-                        self._rollback(net, net.plugins[: index + 1], rt, prev, error)
-                    raise error from e
-            assert prev is not None
+            result = self.plugins.add(net, rt, rollback=rollback)
             failpoint("runtime.add.before-cache-write")
             try:
-                self._write_cache(net, rt, prev, net.bytes)
+                self._write_cache(net, rt, result, net.bytes)
             except CacheError as e:
-                self._rollback(net, net.plugins, rt, prev, e)
+                self.plugins.rollback(net, net.plugins, rt, result, e)
                 raise
-            return prev
-
-    def _preflight(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
-        """libcni's per-plugin checks (look-up, then container ID, network name, ifname), done for
-        the whole chain before any plugin runs, plus each built-in plugin's own config check, so
-        a missing fourth plugin or a bad value in the third fails before the first has changed
-        anything (libcni would find out half-way)."""
-        for plugin in net.plugins:
-            try:
-                self.backend.find(plugin.type, self.path)
-                validate_container_id(rt.container_id)
-                validate_network_name(net.name)
-                validate_attachment_key(net.name, rt.container_id, rt.ifname)
-                if self.backend.is_builtin(plugin.type):
-                    config = self._config(net, plugin, capability_args=rt.capability_args)
-                    self.backend.validate(plugin.type, build_request("ADD", config, rt, self.path, self.state_dir))
-            except CNIError as e:
-                raise e.with_context(_describe(plugin, "add")) from e
+            return result
 
     def _refuse_attached_elsewhere(self, net: NetworkConfigList, rt: RuntimeConf) -> None:
         """The spec's "not the same (CNI_CONTAINERID, CNI_IFNAME) twice without a DEL", for an
@@ -220,29 +172,6 @@ class Runtime:
             f'CNI_CONTAINERID "{rt.container_id}" with CNI_IFNAME "{rt.ifname}" is already attached to '
             f'network "{net.name}" in netns "{entry.netns}", not CNI_NETNS "{rt.netns}": DEL it first'
         )
-
-    def _add_one(
-        self, net: NetworkConfigList, plugin: NetworkConfig, rt: RuntimeConf, prev: AnyResult | None
-    ) -> AnyResult:
-        config = self._config(
-            net, plugin, prev_result=None if prev is None else prev.to_json(), capability_args=rt.capability_args
-        )
-        raw = self._run(plugin, "ADD", config, rt)
-        return parse_result(raw, config_version=net.cni_version)
-
-    def _rollback(
-        self,
-        net: NetworkConfigList,
-        ran: Sequence[NetworkConfig],
-        rt: RuntimeConf,
-        prev: AnyResult | None,
-        error: CNIError,
-    ) -> None:
-        prev_json = self._convert_for_del(net, prev)
-        failures = self._delete_plugins(net, ran, rt, prev_json, best_effort=True)
-        error.rollback_errors = tuple(failures)
-        for failure in failures:
-            error.add_note(f"rollback: {failure}")
 
     def _write_cache(self, net: NetworkConfigList, rt: RuntimeConf, result: AnyResult, config: bytes) -> None:
         entry = CachedAttachment(
@@ -293,36 +222,6 @@ class Runtime:
 
     # -- DEL -----------------------------------------------------------------------------
 
-    def _convert_for_del(self, net: NetworkConfigList, result: AnyResult | None) -> dict[str, Any] | None:
-        if result is None or not _version.supports_prev_result_on_del(net.cni_version):
-            return None
-        try:
-            return convert(result, net.cni_version).to_json()
-        except ResultError:
-            return result.to_json()
-
-    def _delete_plugins(
-        self,
-        net: NetworkConfigList,
-        plugins: Sequence[NetworkConfig],
-        rt: RuntimeConf,
-        prev: Mapping[str, Any] | None,
-        *,
-        best_effort: bool,
-    ) -> list[CNIError]:
-        failures: list[CNIError] = []
-        for plugin in reversed(plugins):
-            failpoint("runtime.del.before-plugin")
-            config = self._config(net, plugin, prev_result=prev, capability_args=rt.capability_args)
-            try:
-                self._run(plugin, "DEL", config, rt)
-            except CNIError as e:
-                error = e.with_context(_describe(plugin, "delete"))
-                if not best_effort:
-                    raise error from e
-                failures.append(error)
-        return failures
-
     def delete_network_list(self, net: NetworkConfigList, rt: RuntimeConf, *, best_effort: bool = False) -> None:
         """DEL every plugin in reverse with the cached result; remove the cache on success.
 
@@ -343,7 +242,7 @@ class Runtime:
                 self.cache.delete(net.name, rt.container_id, rt.ifname)
                 cached = None
             prev = None if cached is None else cached.to_json()
-        failures = self._delete_plugins(net, net.plugins, rt, prev, best_effort=best_effort)
+        failures = self.plugins.delete(net, net.plugins, rt, prev, best_effort=best_effort)
         if failures:
             raise failures[0] if len(failures) == 1 else MultiError(failures)
         failpoint("runtime.del.before-cache-delete")
@@ -366,10 +265,7 @@ class Runtime:
                 cached = self._cached_result(net, rt)
             except CNIError as e:
                 raise CacheError(f'failed to get network "{net.name}" cached result: {e}') from e
-            prev = None if cached is None else cached.to_json()
-            for plugin in net.plugins:
-                config = self._config(net, plugin, prev_result=prev, capability_args=rt.capability_args)
-                self._run(plugin, "CHECK", config, rt)
+            self.plugins.check(net, rt, None if cached is None else cached.to_json())
 
     # -- GC ------------------------------------------------------------------------------
 
@@ -388,12 +284,7 @@ class Runtime:
             ]
             failures = self._delete_stale(net, stale, best_effort=False)
             if _version.supports_gc(net.cni_version):
-                for plugin in net.plugins:
-                    config = self._config(net, plugin, valid_attachments=valid, gc=True)
-                    try:
-                        self._run(plugin, "GC", config, None)
-                    except CNIError as e:
-                        failures.append(e.with_context(f"failed to GC plugin {plugin.type}"))
+                failures += self.plugins.gc(net, valid)[0]
         if failures:
             raise failures[0] if len(failures) == 1 else MultiError(failures)
 
@@ -464,7 +355,7 @@ class Runtime:
                 if dry_run:
                     config[DRY_RUN_KEY] = True
                 try:
-                    out = self._run(plugin, "GC", config, None)
+                    out = self.plugins.run(plugin, "GC", config, None)
                 except CNIError as e:
                     errors.append(f"failed to GC plugin {plugin.type}: {e}")
                     continue
@@ -478,32 +369,16 @@ class Runtime:
         """STATUS every plugin (≥ 1.1.0, else a no-op); the first error keeps its code (50/51)."""
         if not _version.supports_status(net.cni_version):
             return
-        for plugin in net.plugins:
-            self._run(plugin, "STATUS", self._config(net, plugin), None)
+        self.plugins.status(net)
 
     # -- validation and versions -----------------------------------------------------------
 
     def get_version_info(self, plugin_type: str) -> VersionInfo:
-        return self._in_host(self.backend.version_info, plugin_type, self.path)
+        return self.plugins.version_info(plugin_type)
 
     def validate_network_list(self, net: NetworkConfigList) -> list[str]:
         """Every plugin must exist and support the list's version; returns enabled capabilities."""
-        failures: list[CNIError] = []
-        caps: list[str] = []
-        wanted = net.cni_version or "0.1.0"
-        for plugin in net.plugins:
-            try:
-                self.backend.find(plugin.type, self.path)
-                info = self.get_version_info(plugin.type)
-                if wanted not in info.supported_versions:
-                    raise VersionError(
-                        f'plugin {plugin.type} does not support config version "{net.cni_version}"',
-                        f"plugin supports {list(info.supported_versions)}",
-                    )
-            except CNIError as e:
-                failures.append(e)
-                continue
-            caps.extend(c for c in plugin.capabilities if c not in caps)
+        failures, caps = self.plugins.validate(net)
         if failures:
             raise MultiError(failures)
         return caps
@@ -515,12 +390,12 @@ class Runtime:
         net = conflist_from_conf(conf)
         with self._locked(net.name, rt.container_id):
             self.cache.ensure_writable()
-            self._preflight(net, rt)
+            self.plugins.preflight(net, rt)
             self._refuse_attached_elsewhere(net, rt)
             try:
-                result = self._add_one(net, net.plugins[0], rt, None)
+                result = self.plugins.add_one(net, net.plugins[0], rt, None)
             except CNIError as e:
-                raise e.with_context(_describe(net.plugins[0], "add")) from e
+                raise e.with_context(describe(net.plugins[0], "add")) from e
             self._write_cache(net, rt, result, conf.bytes)
             return result
 

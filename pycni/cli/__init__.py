@@ -55,10 +55,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _register() -> None:
-    from .runtime_commands import COMMANDS
+    from .chain import fold, unfold
+    from .runtime_commands import COMMANDS, conf
 
     for command in COMMANDS:
         cli.add_command(command)
+    conf.add_command(fold)
+    conf.add_command(unfold)
 
 
 _register()

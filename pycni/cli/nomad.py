@@ -56,13 +56,20 @@ def nomad() -> None:
 @click.option("--subnet-ipv6", default="", help="IPv6 alloc subnet (bridge_network_subnet_ipv6); unset = no IPv6.")
 @click.option("--hairpin", is_flag=True, help="Hairpin mode (bridge_network_hairpin_mode).")
 @click.option("--consul-cni", is_flag=True, help="Append consul-cni (groups with transparent proxy).")
-def conflist(bridge_name: str, subnet: str, subnet_ipv6: str, hairpin: bool, consul_cni: bool) -> None:
-    """Print the bridge conflist exactly as the Nomad client writes it (no trailing newline)."""
+@click.option("--fold", "folded", is_flag=True, help="Folded: one pycni-chain plugin holding the list.")
+def conflist(bridge_name: str, subnet: str, subnet_ipv6: str, hairpin: bool, consul_cni: bool, folded: bool) -> None:
+    """Print the bridge conflist exactly as the Nomad client writes it (no trailing newline);
+    with --fold, its folded form (`pycni conf fold`)."""
     from ..nomad.conflist import NomadBridgeConfig, bridge_conflist, validate_subnets
 
     validate_subnets(subnet, subnet_ipv6)
     conf = NomadBridgeConfig(bridge_name, subnet, subnet_ipv6, hairpin, consul_cni).with_defaults()
-    click.echo(bridge_conflist(conf), nl=False)
+    data = bridge_conflist(conf)
+    if folded:
+        from ..chain import fold
+
+        data = fold(data)
+    click.echo(data, nl=False)
 
 
 @nomad.command()

@@ -417,7 +417,8 @@ class Daemon:
         left nftables records in the state dir (resolved from the caller's cwd, which the
         worker has taken; the iptables compatibility step's records are there too), and
         watch firewalld's reloads if it recorded firewalld sources there (on the system bus
-        the plugins use: the daemon's)."""
+        the plugins use: the daemon's) — a firewall plugin's ADD, alone or in a chain (any type
+        whose ADD left those records: the watch is once per state dir and bus)."""
         if self.healer is None:
             return
         state_dir = os.path.abspath(default_state_dir(env))
@@ -426,7 +427,7 @@ class Daemon:
                 self.healer.watch(request.fds[0], state_dir)
             except OSError as e:  # out of fds, typically: no healing there until the next ADD
                 log.warning("heal: cannot watch the caller's namespace: %s", e.strerror)
-        if request.plugin_type == "firewall" and os.path.isdir(os.path.join(state_dir, "firewalld")):
+        if os.path.isdir(os.path.join(state_dir, "firewalld")):
             self.healer.watch_firewalld(state_dir, bus_address(env))
 
 

@@ -106,6 +106,18 @@ def test_nothing_in_pycni_imports_the_plugins_but_the_plugins_cli() -> None:
     assert bad <= RUNTIME_INTO_PLUGINS
 
 
+#: The chain plugin runs a whole list on the runtime's list runner, so it sits on the runtime
+#: side (pycni/chain/), yet it is a built-in plugin: the backends, the daemon and the shims reach
+#: it by entry point. Only the CLI's fold verbs (and ``nomad conflist --fold``) import it.
+CHAIN_IMPORTERS = ("pycni.chain", "pycni.cli")
+
+
+def test_the_chain_plugin_is_reached_by_entry_point_and_imported_only_by_the_cli() -> None:
+    bad = {(m, t) for m, t in _edges() if _within(t, ("pycni.chain",)) and not _within(m, CHAIN_IMPORTERS)}
+    assert "pycni.list_runner" in imports("pycni.chain.plugin")
+    assert bad == set()
+
+
 def test_the_runtime_never_imports_the_test_tooling() -> None:
     # The runtime core (runtime, backends, cache, config, client, sdk, nomad, ...) included.
     bad = {(m, t) for m, t in _edges() if not _within(m, ("pycni.testing",)) and _within(t, ("pycni.testing",))}
