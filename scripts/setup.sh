@@ -29,7 +29,7 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import nftables' 2>/dev/n
     /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 stamp=.venv/.pycni-installed
-if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,fuzz,bench,lint]"
     touch "$stamp"
 fi
