@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from pycni._libnftables import Nftables
 from pycni.errors import CNIError, ErrorCode
 
 from .. import nfnl
@@ -36,6 +37,7 @@ __all__ = [
     "run",
     "run_json",
     "list_table",
+    "status",
 ]
 
 #: pycni's own tables: ``table inet pycni`` and ``table bridge pycni``. Nothing here lists,
@@ -158,9 +160,7 @@ def context() -> Any:
     cached = getattr(_local, "ctx", None)
     if cached is not None and cached[0] == ident:
         return cached[1]
-    import nftables
-
-    ctx = nftables.Nftables()
+    ctx = Nftables()
     _local.ctx = (ident, ctx)
     _local.memo = _shared_memo()
     return ctx
@@ -201,3 +201,14 @@ def list_table(family: str, name: str) -> list[dict[str, Any]] | None:
             return None
         raise found
     return [obj for obj in (out or {}).get("nftables", ()) if "metainfo" not in obj]
+
+
+def status() -> None:
+    """STATUS of an nftables plugin: code 50 (plugin not available) unless libnftables loads
+    (:class:`~pycni._libnftables.LibnftablesMissing` names the package) and answers in the
+    calling thread's namespace."""
+    rc, _, err = context().cmd("list tables")
+    if rc != 0:
+        raise CNIError(
+            "nftables is not usable", f"libnftables: {err.strip() or rc}", code=ErrorCode.PLUGIN_NOT_AVAILABLE
+        )
