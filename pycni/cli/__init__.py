@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from .._version import __version__
 from ._base import Group
 
 __all__ = ["main", "cli"]
@@ -38,7 +39,7 @@ class _Group(Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="pycni", prog_name="pycni", message="%(prog)s %(version)s")
+@click.version_option(__version__, "-V", "--version", prog_name="pycni", message="%(prog)s %(version)s")
 def cli() -> None:
     """pycni: run CNI network configurations (cnitool-compatible) with exec'd or in-process plugins."""
 

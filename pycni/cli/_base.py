@@ -14,7 +14,15 @@ from ..runtime import DEFAULT_PLUGIN_PATH
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["CNIFailure", "Group", "backend_option", "cache_dir_option", "state_dir_option", "plugin_path_option"]
+__all__ = [
+    "CNIFailure",
+    "ExtraMissing",
+    "Group",
+    "backend_option",
+    "cache_dir_option",
+    "state_dir_option",
+    "plugin_path_option",
+]
 
 
 class CNIFailure(click.ClickException):
@@ -28,6 +36,20 @@ class CNIFailure(click.ClickException):
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"pycni: error (code {self.error.code}): {self.message}", err=True, file=file)
+
+
+class ExtraMissing(click.ClickException):
+    """A verb whose optional dependencies (an extra of pycni's) are not installed: one line naming
+    the extra to install."""
+
+    def __init__(self, extra: str, error: ModuleNotFoundError) -> None:
+        super().__init__(f"{error.name} is not installed: pip install 'pycni[{extra}]'")
+
+    @classmethod
+    def check(cls, extra: str, modules: tuple[str, ...], error: ImportError) -> None:
+        """Raise for ``error`` if it is one of ``modules`` (the extra's) missing; else nothing."""
+        if isinstance(error, ModuleNotFoundError) and (error.name or "").partition(".")[0] in modules:
+            raise cls(extra, error) from None
 
 
 class Group(click.Group):
