@@ -1,0 +1,148 @@
+"""pycni as a user gets it: an sdist and a wheel built from this checkout, installed with plain
+``pip install`` into a fresh venv that does not see the system's site packages (dependencies come
+from the package index), then run. Needs the package index (PyPI) and, for the demo, root."""
+
+from __future__ import annotations
+
+import email.parser
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from pycni._version import __version__
+
+CHECKOUT = Path(__file__).resolve().parents[2]
+# What a build needs of the checkout; the rest (.venv, .git, caches) stays out of the copy.
+BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "pycni", "pycni_plugins")
+PLUGIN_TYPES = {
+    "loopback",
+    "bridge",
+    "host-local",
+    "portmap",
+    "firewall",
+    "consul-cni",
+    "macvlan",
+    "host-device",
+    "ipvlan",
+    "vlan",
+    "sbr",
+    "vrf",
+    "tuning",
+    "static",
+    "ptp",
+    "bandwidth",
+}
+
+
+def _run(*argv: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"{argv}: {out.stdout}{out.stderr}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sdist and the wheel built from it (as ``python -m build`` does), from a copy of the
+    checkout so the build leaves nothing in it."""
+    root = tmp_path_factory.mktemp("build")
+    source = root / "src"
+    for name in BUILD_INPUTS:
+        src = CHECKOUT / name
+        if src.is_dir():
+            shutil.copytree(src, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            source.mkdir(exist_ok=True)
+            shutil.copy2(src, source / name)
+    _run(sys.executable, "-m", "build", "--outdir", root / "dist", source, timeout=300)
+    return root / "dist"
+
+
+@pytest.fixture(scope="module")
+def wheel(dist: Path) -> Path:
+    (found,) = dist.glob("pycni-*.whl")
+    return found
+
+
+@pytest.fixture(scope="module")
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv without system site packages, the wheel pip-installed into it."""
+    path = tmp_path_factory.mktemp("venv") / "v"
+    _run(sys.executable, "-m", "venv", path)
+    _run(path / "bin/python", "-m", "pip", "install", "-q", "--disable-pip-version-check", wheel, timeout=300)
+    return path
+
+
+def _metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as z:
+        return email.parser.Parser().parsestr(z.read(f"pycni-{__version__}.dist-info/METADATA").decode())
+
+
+def test_the_wheel_holds_the_two_packages_their_types_and_the_licence(wheel):
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    assert {n.split("/")[0] for n in names} == {"pycni", "pycni_plugins", f"pycni-{__version__}.dist-info"}
+    assert {"pycni/py.typed", "pycni_plugins/py.typed"} <= set(names)
+    assert f"pycni-{__version__}.dist-info/licenses/LICENSE" in names
+    assert not [n for n in names if n.startswith(("tests/", "bench/"))]
+
+
+def test_the_metadata_is_complete(wheel):
+    meta = _metadata(wheel)
+    assert meta["Name"] == "pycni" and meta["Version"] == __version__
+    assert meta["License-Expression"] == "Apache-2.0" and meta["License-File"] == "LICENSE"
+    assert meta["Requires-Python"] == ">=3.11"
+    assert meta["Description-Content-Type"] == "text/markdown" and meta.get_payload().startswith("# pycni")
+    urls = dict(u.split(", ", 1) for u in meta.get_all("Project-URL"))
+    assert set(urls) >= {"Homepage", "Source", "Issues", "Documentation"}
+    assert all(u.startswith("https://") for u in urls.values())
+    classifiers = meta.get_all("Classifier")
+    assert "Typing :: Typed" in classifiers and "Operating System :: POSIX :: Linux" in classifiers
+    assert len(classifiers) >= 10
+    requires = meta.get_all("Requires-Dist")
+    (pyroute2,) = [r for r in requires if r.startswith("pyroute2")]
+    assert pyroute2.replace(" ", "") in ("pyroute2<0.10,>=0.9.5", "pyroute2>=0.9.5,<0.10")
+    assert not [r for r in requires if "nftables" in r]  # the system's library, through pycni's binding
+    extras = {r.split("extra == ")[1].strip("'\"") for r in requires if "extra ==" in r}
+    assert extras == {"test", "fuzz", "bench", "lint"}
+
+
+def test_the_sdist_builds_the_wheel_and_carries_the_licence(dist):
+    (sdist,) = dist.glob("pycni-*.tar.gz")
+
+    with tarfile.open(sdist) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    assert {"LICENSE", "pyproject.toml", "README.md", "pycni/py.typed", "pycni_plugins/py.typed"} <= names
+
+
+def test_the_venv_sees_no_system_site_packages(venv):
+    code = (
+        "import sys, importlib.util as u; print(any('dist-packages' in p for p in sys.path), u.find_spec('nftables'))"
+    )
+    # Debian's python3-nftables (in dist-packages) is not what pycni's nftables goes through.
+    assert _run(venv / "bin/python", "-c", code).stdout.split() == ["False", "None"]
+
+
+def test_the_installed_command_reports_its_version_help_and_plugins(venv):
+    assert _run(venv / "bin/pycni", "-V").stdout == f"pycni {__version__}\n"
+    assert _run(venv / "bin/python", "-m", "pycni", "--help").stdout.startswith("Usage: pycni [OPTIONS] COMMAND")
+    listed = json.loads(_run(venv / "bin/pycni", "plugins", "list").stdout)
+    assert {p["type"] for p in listed} >= PLUGIN_TYPES
+    assert {p["version"] for p in listed} == {__version__}
+
+
+@pytest.mark.privileged
+def test_the_installed_demo_passes_as_root(venv):
+    # The demo works in throwaway namespaces and a temp dir of its own (pycni/cli/demo.py).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYCNI_", "CNI_"))}
+    out = subprocess.run(
+        [venv / "bin/pycni", "demo"], capture_output=True, text=True, timeout=120, env=env, check=False
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.rstrip().endswith("pycni demo: all checks passed") and out.stderr == ""
