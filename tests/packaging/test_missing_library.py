@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests.packaging.test_install_doc import shown
+
 pytestmark = pytest.mark.privileged
 
 # The binding's soname pointed at a library that is not there, as on a host without libnftables1.
@@ -26,3 +28,6 @@ def test_the_demo_without_libnftables_is_one_line_naming_the_package():
         'pycni: error (code 50): plugin type="bridge" failed (add): libnftables-missing.so.0 not found: '
         "install libnftables (Debian/Ubuntu: apt install libnftables1)"
     )
+    # docs/install.md shows the line as it reads with the real library's name.
+    page = shown("sudo /opt/pycni/bin/pycni demo")
+    assert page[-1] == out.stderr.rstrip("\n").replace("libnftables-missing.so.0", "libnftables.so.1")

@@ -7,9 +7,7 @@ from __future__ import annotations
 import email.parser
 import json
 import os
-import shutil
 import subprocess
-import sys
 import tarfile
 import zipfile
 from pathlib import Path
@@ -17,10 +15,8 @@ from pathlib import Path
 import pytest
 
 from pycni._version import __version__
+from tests.packaging.conftest import run
 
-CHECKOUT = Path(__file__).resolve().parents[2]
-# What a build needs of the checkout; the rest (.venv, .git, caches) stays out of the copy.
-BUILD_INPUTS = ("pyproject.toml", "README.md", "LICENSE", "pycni", "pycni_plugins")
 PLUGIN_TYPES = {
     "loopback",
     "bridge",
@@ -39,44 +35,6 @@ PLUGIN_TYPES = {
     "ptp",
     "bandwidth",
 }
-
-
-def _run(*argv: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    out = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout)
-    assert out.returncode == 0, f"{argv}: {out.stdout}{out.stderr}"
-    return out
-
-
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The sdist and the wheel built from it (as ``python -m build`` does), from a copy of the
-    checkout so the build leaves nothing in it."""
-    root = tmp_path_factory.mktemp("build")
-    source = root / "src"
-    for name in BUILD_INPUTS:
-        src = CHECKOUT / name
-        if src.is_dir():
-            shutil.copytree(src, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-        else:
-            source.mkdir(exist_ok=True)
-            shutil.copy2(src, source / name)
-    _run(sys.executable, "-m", "build", "--outdir", root / "dist", source, timeout=300)
-    return root / "dist"
-
-
-@pytest.fixture(scope="module")
-def wheel(dist: Path) -> Path:
-    (found,) = dist.glob("pycni-*.whl")
-    return found
-
-
-@pytest.fixture(scope="module")
-def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv without system site packages, the wheel pip-installed into it."""
-    path = tmp_path_factory.mktemp("venv") / "v"
-    _run(sys.executable, "-m", "venv", path)
-    _run(path / "bin/python", "-m", "pip", "install", "-q", "--disable-pip-version-check", wheel, timeout=300)
-    return path
 
 
 def _metadata(wheel: Path) -> email.message.Message:
@@ -126,13 +84,13 @@ def test_the_venv_sees_no_system_site_packages(venv):
         "import sys, importlib.util as u; print(any('dist-packages' in p for p in sys.path), u.find_spec('nftables'))"
     )
     # Debian's python3-nftables (in dist-packages) is not what pycni's nftables goes through.
-    assert _run(venv / "bin/python", "-c", code).stdout.split() == ["False", "None"]
+    assert run(venv / "bin/python", "-c", code).stdout.split() == ["False", "None"]
 
 
 def test_the_installed_command_reports_its_version_help_and_plugins(venv):
-    assert _run(venv / "bin/pycni", "-V").stdout == f"pycni {__version__}\n"
-    assert _run(venv / "bin/python", "-m", "pycni", "--help").stdout.startswith("Usage: pycni [OPTIONS] COMMAND")
-    listed = json.loads(_run(venv / "bin/pycni", "plugins", "list").stdout)
+    assert run(venv / "bin/pycni", "-V").stdout == f"pycni {__version__}\n"
+    assert run(venv / "bin/python", "-m", "pycni", "--help").stdout.startswith("Usage: pycni [OPTIONS] COMMAND")
+    listed = json.loads(run(venv / "bin/pycni", "plugins", "list").stdout)
     assert {p["type"] for p in listed} >= PLUGIN_TYPES
     assert {p["version"] for p in listed} == {__version__}
 
