@@ -17,7 +17,6 @@ PACKAGES = (
     "netavark",
     "nftables",
     "libnftables1",
-    "python3-nftables",
     "iptables",
 )
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

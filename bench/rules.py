@@ -45,9 +45,9 @@ def snapshot(host: str) -> dict[str, Any]:
 
 
 def _snapshot() -> dict[str, Any]:
-    import nftables
+    from pycni._libnftables import Nftables
 
-    nft = nftables.Nftables()
+    nft = Nftables()
     nft.set_json_output(True)
     rc, out, err = nft.cmd("list ruleset")
     if rc != 0:

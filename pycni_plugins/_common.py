@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 
 from pycni import netns
 from pycni._json import GoReader, go_field
-from pycni.errors import CNIError, ErrorCode
+from pycni.errors import CNIError
 from pycni.sdk import Attachment, GCAttachment, GCReport, PluginRequest, delegate, ifname_problem
 from pycni.types import Result, convert, parse_result
 
@@ -31,7 +31,6 @@ __all__ = [
     "valid_attachments",
     "gc_report",
     "finish_gc",
-    "nftables_status",
 ]
 
 _CURRENT = "1.1.0"
@@ -151,18 +150,3 @@ def finish_gc(request: PluginRequest, ipam_type: str, removed: list[str], errors
     if errors:
         raise fail("; ".join(errors), "removed: " + ", ".join(removed) if removed else "")
     return gc_report(removed)
-
-
-def nftables_status() -> None:
-    """STATUS of an nftables plugin: code 50 (plugin not available) unless libnftables loads and
-    answers in the calling thread's namespace."""
-    try:
-        import nftables
-
-        rc, _, err = nftables.Nftables().cmd("list tables")
-    except Exception as e:  # ImportError, OSError from dlopen, anything the binding raises
-        raise CNIError("nftables is not usable", f"libnftables: {e}", code=ErrorCode.PLUGIN_NOT_AVAILABLE) from e
-    if rc != 0:
-        raise CNIError(
-            "nftables is not usable", f"libnftables: {err.strip() or rc}", code=ErrorCode.PLUGIN_NOT_AVAILABLE
-        )

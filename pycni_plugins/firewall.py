@@ -54,7 +54,6 @@ from ._common import (
     fail,
     gc_report,
     left_behind,
-    nftables_status,
     prev_result,
     valid_attachments,
 )
@@ -187,7 +186,7 @@ class FirewallPlugin(Plugin):
         return gc_report(removed)
 
     def status(self, request: PluginRequest) -> None:
-        nftables_status()
+        nft.status()
         firewalld_zone.status(firewalld_zone.options(request)[0])  # firewalld hosts
 
 

@@ -4,8 +4,8 @@ Each shim (template: :mod:`pycni_plugins.serve.shim`) runs the current interpret
 (isolated: no current directory, no ``PYTHONPATH``, no user site; no ``site`` import) and hands
 its request to ``pycni serve`` when one answers. Without one it runs the plugin itself: it
 appends, after the standard library, pycni's own directory and the site directories this
-interpreter has in isolated mode (its site/dist-packages, Debian's ``python3-nftables``
-included), so it imports the same pycni, attrs and libnftables bindings, then hands over to
+interpreter has in isolated mode (a venv's site-packages, or the system's site/dist-packages),
+so it imports the same pycni, attrs and pyroute2, then hands over to
 :func:`pycni.sdk.skel.main` with the plugin class resolved at install time. Nothing from the
 installer's environment (its current directory, ``PYTHONPATH``, user site) is baked in: a plugin
 runs as root.

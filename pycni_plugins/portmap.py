@@ -48,7 +48,6 @@ from ._common import (
     fail,
     gc_report,
     left_behind,
-    nftables_status,
     prev_result,
     valid_attachments,
 )
@@ -320,4 +319,4 @@ class PortmapPlugin(Plugin):
         return gc_report(removed)
 
     def status(self, request: PluginRequest) -> None:
-        nftables_status()
+        nft.status()

@@ -1,10 +1,11 @@
 #!/bin/sh
 # Idempotent set-up for a fresh Debian 12 machine (run as root):
-# system packages, then a venv on Debian's python3 that sees python3-nftables, then pycni itself.
+# system packages (libnftables1: the library the nftables binding loads), then a plain venv on Debian's
+# python3 (no system site packages: it is what `pip install pycni` gives a user), then pycni.
 set -eu
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="iproute2 nftables python3-nftables python3-venv iptables containernetworking-plugins netavark procps podman containerd runc busybox-static firewalld python3-jeepney"
+APT_PACKAGES="iproute2 nftables libnftables1 python3-venv iptables containernetworking-plugins netavark procps podman containerd runc busybox-static firewalld"
 
 # No package install may start a service on this machine (firewalld, containerd, ...): the
 # tests run every daemon inside their own namespaces. invoke-rc.d asks policy-rc.d; 101 = refuse.
@@ -23,14 +24,14 @@ if [ -n "$missing" ]; then
     apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 
-# Debian's interpreter, because the libnftables bindings live in its dist-packages.
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import nftables' 2>/dev/null; then
+# A venv that saw the system's site packages (this script's older ones did) is made afresh.
+if [ ! -x .venv/bin/python ] || grep -q '^include-system-site-packages = true' .venv/pyvenv.cfg; then
     rm -rf .venv
-    /usr/bin/python3 -m venv --system-site-packages .venv
+    /usr/bin/python3 -m venv .venv
 fi
 stamp=.venv/.pycni-installed
-if [ ! -f "$stamp" ] || [ setup.cfg -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,fuzz,bench,lint]"
     touch "$stamp"
 fi
-.venv/bin/python -c 'import nftables, pyroute2, attrs, click, hypothesis, jeepney' 
+.venv/bin/python -c 'import pyroute2, attrs, click, hypothesis, jeepney; from pycni._libnftables import Nftables; Nftables()'

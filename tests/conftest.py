@@ -27,10 +27,12 @@ def _privilege_problem() -> str | None:
         return "not root"
     if not os.path.exists("/proc/thread-self/ns/net"):
         return "no network namespaces"
+    from pycni._libnftables import LibnftablesMissing, Nftables
+
     try:
-        import nftables  # noqa: F401
-    except ImportError:
-        return "python3-nftables (libnftables bindings) not importable"
+        Nftables()
+    except LibnftablesMissing as e:
+        return str(e)
     try:
         import pyroute2  # noqa: F401
     except ImportError:

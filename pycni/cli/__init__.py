@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import click
 
+from .._version import __version__
 from ._base import Group, configure_logging, log_level_option
 
 __all__ = ["main", "cli"]
@@ -40,7 +41,7 @@ class _Group(Group):
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="pycni", prog_name="pycni", message="%(prog)s %(version)s")
+@click.version_option(__version__, "-V", "--version", prog_name="pycni", message="%(prog)s %(version)s")
 @log_level_option()
 @click.pass_context
 def cli(ctx: click.Context, log_level: int | None) -> None:

@@ -20,6 +20,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
     "CNIFailure",
+    "ExtraMissing",
     "Group",
     "on_terminal",
     "backend_option",
@@ -48,6 +49,20 @@ class CNIFailure(click.ClickException):
 
     def show(self, file: IO[Any] | None = None) -> None:
         click.echo(f"pycni: error (code {self.error.code}): {self.message}", err=True, file=file)
+
+
+class ExtraMissing(click.ClickException):
+    """A verb whose optional dependencies (an extra of pycni's) are not installed: one line naming
+    the extra to install."""
+
+    def __init__(self, extra: str, error: ModuleNotFoundError) -> None:
+        super().__init__(f"{error.name} is not installed: pip install 'pycni[{extra}]'")
+
+    @classmethod
+    def check(cls, extra: str, modules: tuple[str, ...], error: ImportError) -> None:
+        """Raise for ``error`` if it is one of ``modules`` (the extra's) missing; else nothing."""
+        if isinstance(error, ModuleNotFoundError) and (error.name or "").partition(".")[0] in modules:
+            raise cls(extra, error) from None
 
 
 class Group(click.Group):

@@ -125,6 +125,7 @@ def _describe(result: AnyResult) -> str:
 def demo(backend: str, plugin_path: str, as_json: bool) -> None:
     """Run the embedded default network over two throwaway containers and prove it works."""
     from .. import netns
+    from ..errors import CNIError
     from ..runtime import Runtime
     from ..runtime_conf import RuntimeConf
     from ..sdk import builtin_plugin
@@ -164,11 +165,16 @@ def demo(backend: str, plugin_path: str, as_json: bool) -> None:
         rt2 = RuntimeConf("demo-c2", c2.path, "eth0", args=[("IgnoreUnknown", "1")])
         added: list[RuntimeConf] = []
 
-        def teardown() -> None:
+        def teardown(failing: type[BaseException] | None, *_: object) -> None:
+            # Under a failure, the teardown's own errors (often the same cause) must not hide it.
             for rt in reversed(added):
-                runtime.delete_network_list(network, rt, best_effort=True)
+                try:
+                    runtime.delete_network_list(network, rt, best_effort=True)
+                except CNIError:
+                    if failing is None:
+                        raise
 
-        stack.callback(teardown)
+        stack.push(teardown)
         results: dict[str, AnyResult] = {}
         for name, rt in (("c1", rt1), ("c2", rt2)):
             added.append(rt)

@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from ._base import ExtraMissing
+
 __all__ = ["fuzz"]
 
 _COMMANDS = ("ADD", "CHECK", "DEL")
@@ -62,12 +64,13 @@ def fuzz(
     reproducer (stdin, env, command line). Exit status 1 iff a contract violation was found.
     Needs root and hypothesis (pip install 'pycni[fuzz]').
     """
-    if os.geteuid() != 0:
-        raise click.UsageError("pycni fuzz needs root: it creates network namespaces (and touches nothing else)")
     try:
         from ..testing import fuzz as engine
     except ImportError as e:
-        raise click.UsageError(str(e)) from None
+        ExtraMissing.check("fuzz", ("hypothesis",), e)
+        raise
+    if os.geteuid() != 0:
+        raise click.UsageError("pycni fuzz needs root: it creates network namespaces (and touches nothing else)")
     plugin = os.path.abspath(plugin)
     if not os.access(plugin, os.X_OK):
         raise click.BadParameter(f"{plugin} is not executable", param_hint="PLUGIN")

@@ -343,9 +343,9 @@ def _nft_list(path: str) -> str:
     """``nft list ruleset`` of a namespace (where pycni's tables are)."""
 
     def read() -> str:
-        import nftables
+        from pycni._libnftables import Nftables
 
-        rc, out, err = nftables.Nftables().cmd("list ruleset")
+        rc, out, err = Nftables().cmd("list ruleset")
         assert rc == 0, err
         return out
 

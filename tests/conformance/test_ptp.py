@@ -187,9 +187,9 @@ def test_a_missing_netns_fails_before_ipam(twins):
 
 def _nft_text(path: str) -> str:
     def body() -> str:
-        import nftables
+        from pycni._libnftables import Nftables
 
-        rc, out, err = nftables.Nftables().cmd("list ruleset")
+        rc, out, err = Nftables().cmd("list ruleset")
         assert rc == 0, err
         return out
 

@@ -54,9 +54,9 @@ def nft_ruleset(path: str) -> str:
     """``nft list ruleset`` inside the namespace (the iptables-nft rules of the reference show here)."""
 
     def read() -> str:
-        import nftables
+        from pycni._libnftables import Nftables
 
-        nft = nftables.Nftables()
+        nft = Nftables()
         rc, out, err = nft.cmd("list ruleset")
         assert rc == 0, err
         return out

@@ -96,9 +96,9 @@ def nft(path: str, text: str) -> str:
     """Run nft commands (``text``) through libnftables inside namespace ``path``; its output."""
 
     def run() -> str:
-        import nftables
+        from pycni._libnftables import Nftables
 
-        ctx = nftables.Nftables()
+        ctx = Nftables()
         ctx.set_stateless_output(True)
         rc, out, err = ctx.cmd(text)
         assert rc == 0, err

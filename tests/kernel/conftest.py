@@ -57,9 +57,9 @@ def _nft_ruleset(path: str | None = None) -> dict[str, Any]:
     """``nft -j list ruleset`` of a namespace (``None``: the caller's)."""
 
     def body() -> dict[str, Any]:
-        import nftables
+        from pycni._libnftables import Nftables
 
-        rc, out, err = nftables.Nftables().json_cmd({"nftables": [{"list": {"ruleset": None}}]})
+        rc, out, err = Nftables().json_cmd({"nftables": [{"list": {"ruleset": None}}]})
         assert rc == 0, err
         return out
 

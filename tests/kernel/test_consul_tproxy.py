@@ -279,9 +279,9 @@ def test_values_are_parsed_as_iptables_parses_them() -> None:
 
 def nft_text(path: str) -> str:
     def read() -> str:
-        import nftables
+        from pycni._libnftables import Nftables
 
-        rc, out, err = nftables.Nftables().cmd("list ruleset")
+        rc, out, err = Nftables().cmd("list ruleset")
         assert rc == 0, err
         return out
 
@@ -290,9 +290,9 @@ def nft_text(path: str) -> str:
 
 def nft(path: str, command: str) -> None:
     def run() -> None:
-        import nftables
+        from pycni._libnftables import Nftables
 
-        rc, _, err = nftables.Nftables().cmd(command)
+        rc, _, err = Nftables().cmd(command)
         assert rc == 0, err
 
     netns.run_in(path, run)

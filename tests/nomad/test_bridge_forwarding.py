@@ -64,9 +64,9 @@ def admin_rules(path: str) -> list[str]:
     """The NOMAD-ADMIN rules' comments (the iptables rule each stands for), in order."""
 
     def read() -> list[str]:
-        import nftables
+        from pycni._libnftables import Nftables
 
-        rc, out, err = nftables.Nftables().json_cmd(
+        rc, out, err = Nftables().json_cmd(
             {"nftables": [{"list": {"chain": {"family": "inet", "table": "pycni", "name": "NOMAD-ADMIN"}}}]}
         )
         assert rc == 0, err
@@ -77,9 +77,9 @@ def admin_rules(path: str) -> list[str]:
 
 def nft(path: str, command: str) -> str:
     def run() -> str:
-        import nftables
+        from pycni._libnftables import Nftables
 
-        rc, out, err = nftables.Nftables().cmd(command)
+        rc, out, err = Nftables().cmd(command)
         assert rc == 0, err
         return out
 

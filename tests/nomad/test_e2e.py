@@ -123,9 +123,9 @@ def pycni_elements(path: str, needle: str) -> list[str]:
 
 def _nft_json(path: str) -> list[dict[str, Any]]:
     def read() -> list[dict[str, Any]]:
-        import nftables
+        from pycni._libnftables import Nftables
 
-        rc, out, err = nftables.Nftables().json_cmd({"nftables": [{"list": {"ruleset": None}}]})
+        rc, out, err = Nftables().json_cmd({"nftables": [{"list": {"ruleset": None}}]})
         assert rc == 0, err
         return out["nftables"]
 

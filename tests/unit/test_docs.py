@@ -32,8 +32,6 @@ from pycni.cli import cli
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
-# Pages other branches of issue 23 add; the README links them before they are merged here.
-PENDING = {"docs/install.md"}
 SHELLS = {"sh", "shell", "bash", "console"}
 # Commands run for real: they read files and print, and change nothing on the machine.
 RUN_ANYWHERE = {(), ("version",), ("plugins", "list"), ("nomad", "conflist")}
@@ -310,9 +308,6 @@ def test_relative_links_resolve(page: Path) -> None:
             continue
         file, _, anchor = target.partition("#")
         path = (page.parent / file).resolve() if file else page
-        name = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-        if name in PENDING and not path.exists():
-            continue
         if not path.exists() or (anchor and path.suffix == ".md" and anchor not in anchors(path)):
             broken.append(target)
     assert broken == []
@@ -320,7 +315,7 @@ def test_relative_links_resolve(page: Path) -> None:
 
 def test_the_readme_links_every_page_and_the_other_readmes() -> None:
     linked = {str((ROOT / t.partition("#")[0]).resolve().relative_to(ROOT)) for t in links(README) if ":" not in t}
-    pages = {str(p.relative_to(ROOT)) for p in PAGES[1:]} | {"tests/README.md", "bench/README.md"} | PENDING
+    pages = {str(p.relative_to(ROOT)) for p in PAGES[1:]} | {"tests/README.md", "bench/README.md"}
     assert sorted(pages - linked) == []
 
 

@@ -25,6 +25,7 @@ LEAVES = (
     "pycni._fs",
     "pycni.failpoints",
     "pycni.netns",
+    "pycni._libnftables",
 )
 #: What a plugin may import of pycni: the SDK, the wire types and the leaves.
 PLUGINS_MAY_IMPORT = ("pycni.sdk", "pycni.types", *LEAVES)
@@ -46,7 +47,9 @@ INTO_TESTING = {
 }
 #: The kernel libraries, which pycni/ uses only to build and read back test worlds: the test
 #: tooling, the demo, and netns's named throwaway namespaces (for the demo, tests and bench).
-KERNEL_LIBRARIES = ("pyroute2", "nftables")
+#: libnftables is reached through ``pycni._libnftables``, a leaf and the only importer of the
+#: third-party ``nftables`` binding.
+KERNEL_LIBRARIES = ("pyroute2", "pycni._libnftables")
 KERNEL_USERS = ("pycni.testing", "pycni.cli.demo", "pycni.netns")
 
 
@@ -129,9 +132,16 @@ def test_pycni_uses_the_kernel_libraries_only_to_make_test_worlds() -> None:
         (m, lib)
         for m in modules()
         if _within(m, ("pycni",)) and not _within(m, KERNEL_USERS)
-        for lib in outside_imports(m) & set(KERNEL_LIBRARIES)
+        for lib in (outside_imports(m) | imports(m)) & set(KERNEL_LIBRARIES)
     ]
     assert bad == []
+
+
+def test_libnftables_is_reached_through_pycnis_binding_and_by_plugins_only_through_kernel() -> None:
+    users = [m for m in modules() if "pycni._libnftables" in imports(m)]
+    assert "pycni_plugins.kernel.nft.transport" in users
+    assert [m for m in users if _within(m, ("pycni_plugins",)) and not _within(m, ("pycni_plugins.kernel",))] == []
+    assert [m for m in modules() if "nftables" in outside_imports(m)] == ["pycni._libnftables"]
 
 
 def test_types_and_leaves_import_nothing_above_them() -> None:

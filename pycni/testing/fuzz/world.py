@@ -187,13 +187,13 @@ def _rules() -> list[str]:
     """The nftables ruleset (pycni's tables, and iptables-nft's: its comments, addresses and
     targets all show there), plus iptables-save's where iptables is the legacy one."""
     lines: list[str] = []
-    try:
-        import nftables
+    from ..._libnftables import LibnftablesMissing, Nftables
 
-        rc, out, _ = nftables.Nftables().cmd("list ruleset")
+    try:
+        rc, out, _ = Nftables().cmd("list ruleset")
         if rc == 0:
             lines += out.splitlines()
-    except ImportError:
+    except LibnftablesMissing:  # the legacy tables are all there is
         pass
     if _legacy_iptables():
         for tool in ("iptables-save", "ip6tables-save"):

@@ -32,6 +32,7 @@ from .transport import (
     list_table,
     run,
     run_json,
+    status,
 )
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "Element",
     "Section",
     "run",
+    "status",
     "ensure",
     "apply",
     "release",

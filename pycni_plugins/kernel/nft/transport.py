@@ -3,7 +3,6 @@ the per-namespace memo of what was last verified."""
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import sys
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from pycni._libnftables import Nftables
 from pycni.errors import CNIError, ErrorCode
 
 from .. import changes, nfnl
@@ -38,6 +38,7 @@ __all__ = [
     "run",
     "run_json",
     "list_table",
+    "status",
 ]
 
 #: pycni's own tables: ``table inet pycni`` and ``table bridge pycni``. Nothing here lists,
@@ -160,31 +161,21 @@ def context() -> Any:
     cached = getattr(_local, "ctx", None)
     if cached is not None and cached[0] == ident:
         return cached[1]
-    ctx = _logged_context()
+    ctx = _LoggedNftables()
     _local.ctx = (ident, ctx)
     _local.memo = _shared_memo()
     return ctx
 
 
-@functools.cache
-def _logged_context_class() -> type[Any]:
-    import nftables
+class _LoggedNftables(Nftables):
+    """A context whose changes are logged at debug (:mod:`..changes`); ``json_cmd`` calls
+    ``cmd`` too."""
 
-    class LoggedNftables(nftables.Nftables):  # type: ignore[misc]  # libnftables' binding is untyped
-        """A context whose changes are logged at debug (:mod:`..changes`); ``json_cmd`` calls
-        ``cmd`` too."""
-
-        def cmd(self, cmdline: str) -> tuple[int, Any, str]:
-            rc, out, err = super().cmd(cmdline)
-            if changes.log.isEnabledFor(DEBUG):
-                changes.nft_transaction(cmdline, rc, err)
-            return rc, out, err
-
-    return LoggedNftables
-
-
-def _logged_context() -> Any:
-    return _logged_context_class()()
+    def cmd(self, cmdline: str) -> tuple[int, Any, str]:
+        rc, out, err = super().cmd(cmdline)
+        if changes.log.isEnabledFor(DEBUG):
+            changes.nft_transaction(cmdline, rc, err)
+        return rc, out, err
 
 
 def memo() -> Memo:
@@ -222,3 +213,14 @@ def list_table(family: str, name: str) -> list[dict[str, Any]] | None:
             return None
         raise found
     return [obj for obj in (out or {}).get("nftables", ()) if "metainfo" not in obj]
+
+
+def status() -> None:
+    """STATUS of an nftables plugin: code 50 (plugin not available) unless libnftables loads
+    (:class:`~pycni._libnftables.LibnftablesMissing` names the package) and answers in the
+    calling thread's namespace."""
+    rc, _, err = context().cmd("list tables")
+    if rc != 0:
+        raise CNIError(
+            "nftables is not usable", f"libnftables: {err.strip() or rc}", code=ErrorCode.PLUGIN_NOT_AVAILABLE
+        )

@@ -1,0 +1,5 @@
+"""``python -m pycni``: the ``pycni`` command."""
+
+from .cli import main
+
+main()
