@@ -40,6 +40,7 @@ from pyroute2 import IPRoute, NetlinkError
 from pyroute2.netlink import nlmsg_atoms
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
 
+from . import batch
 from .errors import LinkError
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "iproute",
     "keep_iproutes",
     "get_link",
+    "fetch_link",
     "link_info",
     "ifindex",
     "dump_links",
@@ -63,7 +65,6 @@ __all__ = [
     "call",
     "set_up",
     "set_down",
-    "set_mac",
     "set_link",
     "set_master",
     "set_brport",
@@ -248,6 +249,19 @@ def get_link(ipr: IPRoute, name: str | None = None, *, index: int | None = None)
     return _link(msg) if msg is not None else None
 
 
+def fetch_link(name: str | None = None, *, index: int | None = None) -> Link | None:
+    """:func:`get_link` in the calling thread's namespace through :mod:`.batch`, for the hot
+    path: ~0.2 ms where a request through ``IPRoute`` costs ~0.35 ms."""
+    requests = batch.Requests()
+    requests.link_get(index or 0, name if index is None else None)
+    answer = requests.send()[0]
+    if answer.error is not None:
+        if answer.error.errno == errno.ENODEV:
+            return None
+        raise answer.error
+    return _link(answer.messages[0]) if answer.messages else None
+
+
 @attrs.frozen
 class LinkInfo:
     """A link with what only some readers need: its alias (IFLA_IFALIAS) and its kind's own
@@ -315,7 +329,7 @@ def ensure_bridge(
     filtering refuses the whole request, so nothing is left behind. A new bridge gets ``mac``
     (default: a random one).
     """
-    link = get_link(ipr, name)
+    link = fetch_link(name)
     created = False
     if link is None:
         # An explicit MAC at creation makes it "set", so the kernel never swaps it for the lowest
@@ -400,10 +414,6 @@ def set_master(ipr: IPRoute, index: int, master: int) -> None:
     call(ipr.link, "set", index=index, master=master, state="up")
 
 
-def set_mac(ipr: IPRoute, index: int, mac: str) -> None:
-    call(ipr.link, "set", index=index, address=mac)
-
-
 def set_brport(ipr: IPRoute, index: int, *, hairpin: bool = False, isolated: bool = False) -> None:
     """Bridge port flags: only those set to True are written."""
     flags = {k: 1 for k, on in (("mode", hairpin), ("isolated", isolated)) if on}  # IFLA_BRPORT_MODE = hairpin
@@ -462,8 +472,9 @@ def delete_link(name: str, timeout: float = 10.0) -> None:
 
 def _delete(name: str, outcome: list[Exception | None], done: threading.Event) -> None:
     try:
-        with iproute() as ipr:
-            call(ipr.link, "del", ifname=name)
+        requests = batch.Requests()  # one send: no IPRoute (and asyncio loop) for a thread about to end
+        requests.link_del(name)
+        requests.send()[0].check()
         outcome.append(None)
     except Exception as e:  # handed over to the caller, which raises it
         outcome.append(e)
@@ -474,7 +485,7 @@ def _delete(name: str, outcome: list[Exception | None], done: threading.Event) -
 # --- waiting ------------------------------------------------------------------------------------
 
 
-def wait_oper_up(ipr: IPRoute, name: str, timeout: float = 2.5) -> str:
+def wait_oper_up(name: str, timeout: float = 2.5) -> str:
     """Poll until the link's operstate is UP; returns the last state seen.
 
     A fresh bridge port turns UP when its veth peer comes up, a workqueue hop later: usually
@@ -483,7 +494,7 @@ def wait_oper_up(ipr: IPRoute, name: str, timeout: float = 2.5) -> str:
     deadline = time.monotonic() + timeout
     delay = 0.0002
     while True:
-        link = get_link(ipr, name)
+        link = fetch_link(name)
         state = link.operstate if link else "NOTFOUND"
         if state == "UP" or time.monotonic() >= deadline:
             return state
