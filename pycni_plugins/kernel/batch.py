@@ -19,7 +19,15 @@ from typing import Any
 
 import attrs
 from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR
-from pyroute2.netlink.rtnl import RTM_DELLINK, RTM_GETADDR, RTM_GETLINK, RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE
+from pyroute2.netlink.rtnl import (
+    RTM_DELLINK,
+    RTM_GETADDR,
+    RTM_GETLINK,
+    RTM_GETROUTE,
+    RTM_NEWADDR,
+    RTM_NEWLINK,
+    RTM_NEWROUTE,
+)
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
@@ -136,6 +144,14 @@ class Requests:
         if priority:
             attributes.append(("RTA_PRIORITY", priority))
         return self._add(msg, RTM_NEWROUTE, NLM_F_ACK | _CREATE_APPEND, attributes)
+
+    def route_get(self, dst: Any) -> int:
+        """``ip route get`` of an ``ipaddress`` address: the route the kernel picks, one message."""
+        msg = rtmsg()
+        msg["family"] = socket.AF_INET if dst.version == 4 else socket.AF_INET6
+        msg["dst_len"] = dst.max_prefixlen
+        msg["table"] = RT_TABLE_MAIN
+        return self._add(msg, RTM_GETROUTE, NLM_F_ACK, [("RTA_DST", str(dst))])
 
     def send(self) -> list[Answer]:
         """Send everything with one ``send``; the answers in the order of the requests. A socket

@@ -44,6 +44,16 @@ CASES: list[tuple[str, Callable[[batch.Requests], int], Callable[[Any], None]]] 
     ("link by index", lambda r: r.link_get(5), lambda i: i.link("get", index=5)),
     ("link by name", lambda r: r.link_get(name="veth1"), lambda i: i.link("get", ifname="veth1")),
     ("link deleted", lambda r: r.link_del("veth1"), lambda i: i.link("del", ifname="veth1")),
+    (
+        "route get",
+        lambda r: r.route_get(ipaddress.ip_address("198.18.7.9")),
+        lambda i: i.route("get", dst="198.18.7.9"),
+    ),
+    (
+        "v6 route get",
+        lambda r: r.route_get(ipaddress.ip_address("fd00:7::9")),
+        lambda i: i.route("get", dst="fd00:7::9"),
+    ),
     ("v4 address", lambda r: r.addr_add(5, V4), lambda i: addressing.add_address(i, 5, V4)),
     ("v4 /31 address", lambda r: r.addr_add(5, V4_31), lambda i: addressing.add_address(i, 5, V4_31)),
     (
@@ -121,3 +131,11 @@ def test_fetch_link_reads_a_link_by_name_or_index_and_none_when_missing(make_net
 
     via_ipr, by_name, by_index, missing = netns.run_in(ns.path, body)
     assert by_name == via_ipr and by_index == via_ipr and missing is None
+
+
+def test_route_oif_names_the_link_the_kernel_picks_and_none_when_unreachable(make_netns) -> None:
+    ns = make_netns("c")
+    local, unreachable = netns.run_in(
+        ns.path, lambda: (routing.route_oif("127.0.0.5"), routing.route_oif("198.18.99.1"))
+    )
+    assert local == links.LOOPBACK_INDEX and unreachable is None
