@@ -84,6 +84,24 @@ class Requests:
         msg["index"] = index
         return self._add(msg, RTM_GETLINK, NLM_F_ACK, [("IFLA_IFNAME", name)] if name else [])
 
+    def veth_add(self, host: dict[str, Any], peer: dict[str, Any], *, master: int | None = None, mtu: int = 0) -> int:
+        """``ip link add type veth``: the host end (``ifname``, ``address``), UP and enslaved to
+        ``master``, here; the peer (``ifname``, ``net_ns_fd``, ``address``) made in its namespace."""
+        msg = ifinfmsg()
+        msg["flags"] = msg["change"] = IFF_UP
+        peer_attrs: list[tuple[str, Any]] = [("IFLA_IFNAME", peer["ifname"]), ("IFLA_NET_NS_FD", peer["net_ns_fd"])]
+        if peer.get("address"):
+            peer_attrs.append(("IFLA_ADDRESS", peer["address"]))
+        attributes: list[tuple[str, Any]] = [("IFLA_IFNAME", host["ifname"]), ("IFLA_ADDRESS", host["address"])]
+        if master:
+            attributes.append(("IFLA_MASTER", master))
+        if mtu > 0:
+            attributes.append(("IFLA_MTU", mtu))
+            peer_attrs.append(("IFLA_MTU", mtu))
+        info = {"attrs": [("VETH_INFO_PEER", {"attrs": peer_attrs})]}
+        attributes.append(("IFLA_LINKINFO", {"attrs": [("IFLA_INFO_KIND", "veth"), ("IFLA_INFO_DATA", info)]}))
+        return self._add(msg, RTM_NEWLINK, NLM_F_ACK | _CREATE_EXCL, attributes)
+
     def link_del(self, name: str) -> int:
         """``ip link del`` by name (a veth's peer goes with it)."""
         return self._add(ifinfmsg(), RTM_DELLINK, NLM_F_ACK, [("IFLA_IFNAME", name)])

@@ -356,7 +356,6 @@ def ensure_bridge(
 
 
 def add_veth(
-    ipr: IPRoute,
     host_name: str,
     host_mac: str,
     *,
@@ -366,18 +365,14 @@ def add_veth(
     mtu: int,
     master: int | None,
 ) -> None:
-    """One RTM_NEWLINK: a veth whose host end is UP (and enslaved to ``master``) here and whose
-    peer is created directly in the namespace ``peer_netns_fd`` (never moved: a move costs an
-    extra round of namespace work and notifications)."""
-    peer: dict[str, Any] = {"ifname": peer_name, "net_ns_fd": peer_netns_fd}
-    host: dict[str, Any] = {"ifname": host_name, "address": host_mac, "state": "up"}
-    if peer_mac:
-        peer["address"] = peer_mac
-    if mtu > 0:
-        peer["mtu"] = host["mtu"] = mtu
-    if master:
-        host["master"] = master
-    call(ipr.link, "add", kind="veth", peer=peer, **host)
+    """One RTM_NEWLINK (one send of :mod:`.batch`), in the calling thread's namespace: a veth
+    whose host end is UP (and enslaved to ``master``) here and whose peer is created directly in
+    the namespace ``peer_netns_fd`` (never moved: a move costs an extra round of namespace work
+    and notifications)."""
+    peer: dict[str, Any] = {"ifname": peer_name, "net_ns_fd": peer_netns_fd, "address": peer_mac}
+    requests = batch.Requests()
+    requests.veth_add({"ifname": host_name, "address": host_mac}, peer, master=master, mtu=mtu)
+    requests.send()[0].check()
 
 
 def add_link(

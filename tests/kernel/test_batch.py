@@ -139,3 +139,20 @@ def test_route_oif_names_the_link_the_kernel_picks_and_none_when_unreachable(mak
         ns.path, lambda: (routing.route_oif("127.0.0.5"), routing.route_oif("198.18.99.1"))
     )
     assert local == links.LOOPBACK_INDEX and unreachable is None
+
+
+@pytest.mark.parametrize(("mtu", "master", "peer_mac"), [(0, None, None), (1400, 3, "02:00:00:00:00:02")])
+def test_a_veth_is_the_message_pyroute2s_api_sends(host, mtu, master, peer_mac) -> None:
+    peer = {"ifname": "eth0", "net_ns_fd": 9, **({"address": peer_mac} if peer_mac else {})}
+    requests = batch.Requests()
+    requests.veth_add({"ifname": "vethx", "address": MAC}, peer, master=master, mtu=mtu)
+    theirs = {"ifname": "vethx", "address": MAC, "state": "up", **({"master": master} if master else {})}
+    if mtu:
+        theirs["mtu"] = mtu
+        peer = {**peer, "mtu": mtu}
+    compiler = IPBatch()
+    try:
+        compiler.link("add", kind="veth", peer=peer, **theirs)
+        assert _decoded(b"".join(requests._data)) == _decoded(bytes(compiler.batch))
+    finally:
+        compiler.close()
