@@ -56,6 +56,9 @@ NETAVARK = "/usr/lib/podman/netavark"
 TIMEOUT = 60.0
 ALL_OPS = ("add", "check", "del")
 BACKENDS = ("reference-exec", "pycni-exec", "pycni-daemon", "pycni-inprocess", "netavark")
+#: Not a backend under test: the same kernel objects as the built-in chain with the fewest raw
+#: pyroute2/libnftables calls (bench/floor.py), run in every latency section of the built-in chain.
+FLOOR = "floor"
 #: Backends for a user's conflist: ``exec`` runs its plugins from the workload's plugin dir.
 CONFLIST_BACKENDS = ("exec", "pycni-inprocess", "pycni-exec", "pycni-daemon")
 
@@ -337,6 +340,9 @@ def problem(name: str, workload: Workload = DEFAULT) -> str | None:
     """Why backend ``name`` cannot run ``workload`` here, or ``None``."""
     if workload is not DEFAULT:
         return _conflist_problem(name, workload)
+    if name == FLOOR:
+        missing = _missing_builtins()  # the cell's bridge and tables are made by an in-process ADD
+        return f"in-process plugins not available: {', '.join(missing)}" if missing else None
     if name not in BACKENDS:
         return f"unknown backend (choose from {', '.join(BACKENDS)})"
     if name in ("reference-exec", "netavark") and shutil.which("iptables") is None:
@@ -412,6 +418,10 @@ def backend(
         )
     if name == "netavark":
         return Backend(name, NetavarkDriver)
+    if name == FLOOR:
+        from .floor import FloorDriver
+
+        return Backend(name, FloorDriver)
     raise ValueError(f"unknown backend {name!r}")
 
 

@@ -145,6 +145,9 @@ def latency_cell(
             if op in driver.ops:
                 rows.append(_phase(backend.name, n, op, call, progress)[1])
         after_del = rules.count(rules.snapshot(cell.host))
+        close = getattr(driver, "close", None)
+        if close is not None:  # sockets a driver keeps for the cell (the floor's) are no backend's leftovers
+            close()
     threads_left = _settle(threads_before)
     fds_after = _open_fds()
     facts = {

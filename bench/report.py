@@ -17,6 +17,7 @@ from typing import Any
 
 OPS = ("add", "check", "del")
 REFERENCE = "reference-exec"
+FLOOR = "floor"  # bench/floor.py: the chain's kernel objects by the fewest raw pyroute2/libnftables calls
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
@@ -31,32 +32,42 @@ def _ms(value: float) -> str:
 
 def _backends(doc: dict[str, Any]) -> list[str]:
     ran = {row["backend"] for row in doc["rows"]}
-    return [b for b in doc["config"]["backends"] if b in ran]
+    return [b for b in [*doc["config"]["backends"], FLOOR] if b in ran]
 
 
 def _latency(doc: dict[str, Any]) -> list[str]:
     rows = {(r["backend"], r["n"], r["op"]): r for r in doc["rows"]}
     reference = doc["config"].get("reference_backend", REFERENCE)
+    floored = any(r["backend"] == FLOOR for r in doc["rows"])
     out = [
         "## Latency per container (ms)",
         "",
         "Each sample is one call of the whole chain for one container (`time.perf_counter`). "
         f"`×ref` = p50 / p50 of {reference} at the same N and op (< 1 is faster). "
-        "With fewer than 100 samples p99 is close to the maximum.",
+        + (
+            "`×floor` = p50 / p50 of `floor` at the same N and op: the same kernel objects for one container "
+            "made with the fewest raw pyroute2/libnftables calls in the same run (bench/floor.py). "
+            if floored
+            else ""
+        )
+        + "With fewer than 100 samples p99 is close to the maximum.",
         "",
     ]
     body = []
     for op in OPS:
         for n in sorted({r["n"] for r in doc["rows"]}):
-            ref = rows.get((reference, n, op))
+            ref, floor = rows.get((reference, n, op)), rows.get((FLOOR, n, op))
             for backend in _backends(doc):
                 row = rows.get((backend, n, op))
                 if row is None:
                     continue
                 ratio = f"{row['p50_ms'] / ref['p50_ms']:.2f}×" if ref and backend != reference else ""
+                over = f"{row['p50_ms'] / floor['p50_ms']:.2f}×" if floor and backend != FLOOR else ""
                 errors = f"{row['errors']}/{len(row['samples'])}" if row["errors"] else ""
-                body.append((op, n, backend, _ms(row["p50_ms"]), _ms(row["p90_ms"]), _ms(row["p99_ms"]), ratio, errors))
-    out += _table(("op", "N", "backend", "p50", "p90", "p99", "×ref", "errors"), body)
+                p50, p90, p99 = (_ms(row[k]) for k in ("p50_ms", "p90_ms", "p99_ms"))
+                body.append((op, n, backend, p50, p90, p99, ratio, *([over] if floored else []), errors))
+    header = ("op", "N", "backend", "p50", "p90", "p99", "×ref", *(["×floor"] if floored else []), "errors")
+    out += _table(header, body)
     failed = [r for r in doc["rows"] if r["errors"]]
     if failed:
         out += ["Errors (count, first message):", ""]

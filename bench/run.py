@@ -8,7 +8,8 @@ Run from the repository root, as root (everything happens in namespaces the harn
 
 Sections (``--sections``): ``latency`` (ADD/CHECK/DEL per backend × N, with rule counts and the
 first-packet walk per cell), ``overhead`` (runtime vs raw exec), ``concurrency``, ``memory``,
-``parsing``.
+``parsing``. The latency section of the built-in chain also times the ``floor`` (bench/floor.py:
+the same kernel objects with the fewest raw pyroute2/libnftables calls) in the same rotation.
 
 Backends are alternated per N with a rotating start so machine drift hits all of them alike;
 one untimed-in-the-table warm-up cell per backend runs first.
@@ -81,6 +82,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"where the exec backend finds the conflist's plugins (default {drivers.REFERENCE_DIR})",
     )
     p.add_argument("--json", metavar="PATH", help="write the results here")
+    p.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="leave out the latency section's floor row (the chain's kernel objects by raw pyroute2/libnftables calls)",
+    )
     p.add_argument(
         "--sections", type=_names(SECTIONS), help=f"default all; with --conflist {','.join(CONFLIST_SECTIONS)}"
     )
@@ -193,11 +199,12 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
         )
 
     if "latency" in args.sections:
-        progress.line(f"== warm-up: one cell of 1 container per backend ({', '.join(names)})")
-        for name in names:
+        timed = names + _floor(args, session, doc, available, progress)
+        progress.line(f"== warm-up: one cell of 1 container per backend ({', '.join(timed)})")
+        for name in timed:
             doc["warmup"].extend(measure.latency_cell(available[name], 1, session, progress)[0])
         for k, n in enumerate(args.n):
-            order = [b for b in _rotate(names, k) if n <= args.max_n.get(b, n)]
+            order = [b for b in _rotate(timed, k) if n <= args.max_n.get(b, n)]
             progress.line(f"== latency n={n}: {' → '.join(order)}")
             for position, name in enumerate(order):
                 rows, facts = measure.latency_cell(available[name], n, session, progress)
@@ -253,6 +260,25 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
                 f"    {row['version']}: json.loads {row['json_loads_per_s']:>9,}/s  parse {row['parse_per_s']:>9,}/s"
                 f"  parse+convert {row['parse_convert_per_s']:>9,}/s"
             )
+
+
+def _floor(
+    args: argparse.Namespace,
+    session: Session,
+    doc: dict[str, Any],
+    available: dict[str, drivers.Backend],
+    progress: measure.Progress,
+) -> list[str]:
+    """The floor joins the latency rotation of the built-in chain (``[]`` with --conflist or --no-floor)."""
+    if args.no_floor or args.workload is not drivers.DEFAULT:
+        return []
+    why = drivers.problem(drivers.FLOOR)
+    if why is None:
+        available[drivers.FLOOR] = drivers.backend(drivers.FLOOR, session.root)
+        return [drivers.FLOOR]
+    doc["skipped"][drivers.FLOOR] = why
+    progress.line(f"skipping {drivers.FLOOR}: {why}")
+    return []
 
 
 _TMPFS_ENV = "PYCNI_BENCH_TMPFS"

@@ -32,6 +32,7 @@ from .errors import CNIError, ErrorCode
 __all__ = [
     "NetnsError",
     "entered",
+    "call_in",
     "run_in",
     "open_netns",
     "is_netns",
@@ -165,6 +166,18 @@ def entered(path: str | int | None) -> Iterator[None]:
     finally:
         os.close(target)
         os.close(saved)
+
+
+def call_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Call ``fn`` with the *calling thread* in ``path``'s namespace for its duration (:func:`entered`).
+
+    No thread to start and wait for: ~0.01 ms where :func:`run_in` costs ~0.05 ms on an idle
+    host and a scheduler round trip or more on a loaded one. Only for work whose sockets are
+    opened and closed within ``fn``: one kept by the calling thread past it (a per-thread
+    cache keyed by namespace) would be of the wrong namespace for a while.
+    """
+    with entered(path):
+        return fn(*args, **kwargs)
 
 
 def run_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -39,10 +39,11 @@ DRY_RUN_KEY = "pycni.dev/dry-run"
 T = TypeVar("T")
 
 
-def in_netns(path: str | int, fn: Callable[..., T], *args: Any) -> T:
-    """:func:`pycni.netns.run_in`, with a namespace that cannot be entered reported as a CNI error."""
+def in_netns(path: str | int, fn: Callable[..., T], *args: Any, here: bool = False) -> T:
+    """:func:`pycni.netns.run_in` (``here``: :func:`pycni.netns.call_in`, for work that keeps no
+    socket), with a namespace that cannot be entered reported as a CNI error."""
     try:
-        return netns.run_in(path, fn, *args)
+        return (netns.call_in if here else netns.run_in)(path, fn, *args)
     except netns.NetnsError as e:
         raise fail(e.strerror or str(e)) from e
 

@@ -75,7 +75,6 @@ class VethAdd:
                 after_record()
             try:
                 links.add_veth(
-                    self.ipr,
                     host_name,
                     host_mac,
                     peer_name=request.ifname,

@@ -67,7 +67,7 @@ from pycni.types import DNS, Interface, IPConfig, Result, Route
 
 from . import _veth
 from ._common import Fields, attachment, fail, failing, in_netns, ipam_result, is_link_name
-from .kernel import addressing, hostfw, ifconfig, layout, links, nft, owned, sysctl
+from .kernel import addressing, batch, hostfw, ifconfig, layout, links, nft, owned, sysctl
 
 __all__ = ["BridgeConfig", "BridgePlugin", "load_config"]
 
@@ -231,12 +231,15 @@ def _gateways(conf: BridgeConfig, ipam: Result) -> tuple[tuple[IPConfig, ...], t
     return tuple(ips), tuple(routes), bridge_addrs
 
 
-def _ensure_gateway_addr(ipr: Any, br: links.Link, addr: Any, force: bool) -> None:
-    """The reference's ``ensureAddr``, cheapest first: EEXIST means exactly this address is there
-    (a concurrent ADD may have added it); only a new address is checked against the others."""
-    with failing(f'could not add IP address {addr} to "{br.name}"'):
-        if not addressing.add_address(ipr, br.index, addr, nodad=addr.version == 6, exist_ok=True):
+def _ensure_gateway_addr(ipr: Any, br: links.Link, addr: Any, force: bool, added: links.LinkError | None) -> None:
+    """The reference's ``ensureAddr``, cheapest first, once the kernel answered the address's
+    add with ``added``: EEXIST means exactly this address is there (a concurrent ADD may have
+    added it); only a new address is checked against the others."""
+    if added is not None:
+        if added.errno == errno.EEXIST:
             return
+        with failing(f'could not add IP address {addr} to "{br.name}"'):
+            raise added
     family = socket.AF_INET if addr.version == 4 else socket.AF_INET6
     for have, _ in addressing.addresses(ipr, br.index, family):
         if have == addr or (have.version == 6 and have.ip.is_link_local):
@@ -323,7 +326,7 @@ class BridgePlugin(Plugin):
         elif not conf.disable_container_interface:
             netns.run_in(a.fd, _container_up, request.ifname)
         if not conf.disable_container_interface:
-            state = links.wait_oper_up(ipr, host_name)
+            state = links.wait_oper_up(host_name)
             if state != "UP":
                 raise fail(f"bridge port in error state: {state.lower()}")
         if not (created or (conf.is_gateway and result.ips)):
@@ -372,13 +375,24 @@ class BridgePlugin(Plugin):
             raise fail("IPAM plugin returned missing IP config")
         ips, routes, bridge_addrs = _gateways(conf, ipam)
         result = attrs.evolve(result, ips=ips, routes=routes, dns=conf.dns if conf.dns is not None else ipam.dns)
-        netns.run_in(a.fd, _configure_container, request.ifname, result, conf.enable_dad)
+        # No thread: sysctls and one send (two around an IPv6 DAD wait) whose sockets close in there.
+        netns.call_in(a.fd, _configure_container, request.ifname, result, conf.enable_dad)
         failpoint("bridge.add.after-container")
         if bridge_addrs:
-            for addr in bridge_addrs:
-                _ensure_gateway_addr(a.ipr, br, addr, conf.force_address)
-            with contextlib.suppress(links.LinkError):
-                links.set_mac(a.ipr, br.index, br.mac)
+            # One send: the gateway addresses, then the bridge's MAC set to itself (pinned as the
+            # reference pins it; a failure there is ignored).
+            requests = batch.Requests()
+            added = [requests.addr_add(br.index, addr, nodad=addr.version == 6) for addr in bridge_addrs]
+            requests.link_set(br.index, address=br.mac)
+            answers = requests.send()
+            for k, addr in enumerate(bridge_addrs):
+                try:
+                    _ensure_gateway_addr(a.ipr, br, addr, conf.force_address, answers[added[k]].error)
+                except CNIError:
+                    for later, position in zip(bridge_addrs[k + 1 :], added[k + 1 :]):
+                        if answers[position].error is None:  # added by this send only: as if never sent
+                            addressing.del_address(a.ipr, br.index, later)
+                    raise
             _veth.enable_forwarding((addr.version for addr in bridge_addrs), "failed to enable forwarding")
             failpoint("bridge.add.after-gateway")
         if conf.ip_masq:

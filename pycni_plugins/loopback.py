@@ -27,7 +27,7 @@ from pycni.sdk import GCReport, Plugin, PluginRequest
 from pycni.types import Interface, IPConfig, Result
 
 from ._common import attachment, dry_run, emit, fail, gc_report, in_netns, netns_gone, prev_result, valid_attachments
-from .kernel import addressing, links
+from .kernel import addressing, batch, links
 from .kernel.state import Records
 
 __all__ = ["LoopbackPlugin"]
@@ -39,13 +39,16 @@ def _records(request: PluginRequest) -> Records:
 
 
 def _lo_up() -> tuple[bool, list[Any]]:
-    """Bring lo up; whether it was down, and its addresses."""
-    with links.iproute() as ipr:
-        lo = links.get_link(ipr, index=links.LOOPBACK_INDEX)
-        was_down = lo is None or not lo.up
-        if was_down:
-            links.set_up(ipr, links.LOOPBACK_INDEX)
-        found = [addr for addr, _ in addressing.addresses(ipr, links.LOOPBACK_INDEX)]
+    """Bring lo up; whether it was down, and its addresses: one send (read, set UP, list)."""
+    requests = batch.Requests()
+    state = requests.link_get(links.LOOPBACK_INDEX)
+    up = requests.link_set(links.LOOPBACK_INDEX, up=True)
+    listed = requests.addr_dump()
+    answers = requests.send()
+    lo = answers[state].messages
+    was_down = not lo or not lo[0]["flags"] & batch.IFF_UP
+    answers[up].check()
+    found = addressing.of_link(answers[listed].check(), links.LOOPBACK_INDEX)
     for addr in found:
         if not addr.ip.is_loopback:
             raise fail(f'loopback interface found with non-loopback address "{addr.ip}"')
@@ -70,7 +73,7 @@ class LoopbackPlugin(Plugin):
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
         att = attachment(request)
-        was_down, addrs = in_netns(request.netns, _lo_up)
+        was_down, addrs = in_netns(request.netns, _lo_up, here=True)  # its one socket closes in there
         # Written after: a crash before it leaves no record, and DEL's rule without one holds.
         _records(request).store(att.key, {"attachment": attrs.asdict(att), "brought_up": was_down})
         prev = prev_result(request)

@@ -158,10 +158,9 @@ def _elements(
 def _route_localnet(addr: IPInterface) -> None:
     """``route_localnet=1`` on the host interface that routes to the container, so that a
     connection to 127.0.0.1:<hostPort> may leave with its (then masqueraded) loopback source."""
-    from .kernel import links, routing  # pyroute2 (~150 ms to import) only where netlink is needed
+    from .kernel import routing  # pyroute2 (~150 ms to import) only where netlink is needed
 
-    with links.iproute() as ipr:
-        oif = routing.route_oif(ipr, str(addr.ip))
+    oif = routing.route_oif(str(addr.ip))
     if oif is None:
         return
     with contextlib.suppress(OSError):

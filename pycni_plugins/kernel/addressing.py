@@ -9,12 +9,13 @@ import errno
 import ipaddress
 import socket
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from .errors import LinkError
 from .links import IPRoute, call
 
-__all__ = ["IPInterface", "addresses", "add_address", "del_address", "wait_dad"]
+__all__ = ["IPInterface", "addresses", "of_link", "add_address", "del_address", "wait_dad"]
 
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
@@ -27,12 +28,21 @@ def addresses(ipr: IPRoute, index: int, family: int | None = None) -> list[tuple
     spec: dict[str, Any] = {"index": index}
     if family:
         spec["family"] = family
+    return _listed(call(ipr.addr, "dump", **spec))
+
+
+def _listed(msgs: Iterable[Any]) -> list[tuple[IPInterface, int]]:
     out = []
-    for msg in call(ipr.addr, "dump", **spec):
+    for msg in msgs:
         ip = msg.get("local") or msg.get("address")
         if ip is not None:
             out.append((ipaddress.ip_interface(f"{ip}/{msg['prefixlen']}"), msg.get("flags", 0)))
     return out
+
+
+def of_link(msgs: Iterable[Any], index: int) -> list[IPInterface]:
+    """The addresses of link ``index`` among the messages of an address dump (:mod:`.batch`'s)."""
+    return [addr for addr, _ in _listed(m for m in msgs if m["index"] == index)]
 
 
 def add_address(ipr: IPRoute, index: int, addr: IPInterface, *, nodad: bool = False, exist_ok: bool = False) -> bool:

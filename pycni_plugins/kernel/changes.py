@@ -1,5 +1,5 @@
 """Every kernel change, logged at debug by the few doors it goes through: a netlink request that
-changes something (:func:`.links.call`: links, addresses, routes, rules, qdiscs and filters,
+changes something (:func:`.links.call` and :mod:`.batch`: links, addresses, routes, rules, qdiscs and filters,
 conntrack entries; :mod:`.tc`'s own tbf request), an nftables transaction
 (:mod:`.nft.transport`'s contexts), a sysctl write (:mod:`.sysctl`), an iptables-restore batch
 (:mod:`.iptables`), a firewalld zone source (:mod:`.firewalld`). Each line names the network
@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["log", "netlink", "nft_transaction", "tbf", "sysctl", "iptables", "firewalld"]
+__all__ = ["log", "netlink", "netlink_batched", "nft_transaction", "tbf", "sysctl", "iptables", "firewalld"]
 
 log = logging.getLogger("pycni_plugins.kernel")
 
@@ -59,6 +59,12 @@ def netlink(method: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[s
     words += [f"{k}={_value(v)}" for k, v in kwargs.items()]
     outcome = f" failed: {os.strerror(error)}" if error else ""
     log.debug("netlink %s [netns %s]%s", " ".join(words), _netns(), outcome)
+
+
+def netlink_batched(verb: str, words: list[str], error: int = 0) -> None:
+    """A change request sent in a :mod:`.batch`, as ``key=value`` words."""
+    outcome = f" failed: {os.strerror(error)}" if error else ""
+    log.debug("netlink %s %s [netns %s]%s", verb, " ".join(words), _netns(), outcome)
 
 
 def nft_transaction(commands: str, rc: int, err: str = "") -> None:

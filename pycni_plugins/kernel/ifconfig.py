@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from pycni.types import IPConfig, Result, Route
 
-from . import addressing, links, routing, sysctl
+from . import addressing, batch, links, routing, sysctl
 from .errors import fail, failing
 
 __all__ = [
@@ -31,7 +31,12 @@ def configure_iface(ifname: str, result: Result) -> None:
     """Addresses (those whose ``interface`` names ``ifname``), link up, then routes; a route
     without a gateway uses the first gateway of its family. IPv6 gets ``disable_ipv6=0`` on
     ``lo`` and the interface and ``keep_addr_on_down=1``, and waits for DAD to settle when a
-    gateway is IPv6."""
+    gateway is IPv6.
+
+    The requests go in one send (:mod:`.batch`), or two around the DAD wait: the kernel still
+    applies those after a failed one, which the caller's undo (the interface deleted or handed
+    back) takes away with the rest; the error is the first failure's, in order.
+    """
     if not result.interfaces:
         raise fail("no interfaces to configure")
     index = links.ifindex(ifname)
@@ -39,36 +44,48 @@ def configure_iface(ifname: str, result: Result) -> None:
         raise fail(f'failed to lookup "{ifname}": Link not found')
     gateways: dict[int, str] = {}
     v6_enabled = False
-    with links.iproute() as ipr:
-        for ip in result.ips:
-            if ip.interface is None:
-                continue
-            if not 0 <= ip.interface < len(result.interfaces) or result.interfaces[ip.interface].name != ifname:
-                raise fail(f'failed to add IP addr {ip.address} to "{ifname}": invalid interface index')
-            if ip.address.version == 6 and not v6_enabled:
-                for name in ("lo", ifname):
-                    with contextlib.suppress(OSError):  # unreadable: the reference logs and goes on
-                        sysctl.ensure(f"net/ipv6/conf/{name}/disable_ipv6", 0)
-                try:
-                    sysctl.write(f"net/ipv6/conf/{ifname}/keep_addr_on_down", 1)
-                except OSError as e:
-                    raise fail(f'failed to enable keep_addr_on_down for interface "{ifname}": {e.strerror}') from e
-                v6_enabled = True
-            with failing(f'failed to add IP addr {ip.address} to "{ifname}"'):
-                addressing.add_address(ipr, index, ip.address)
-            if ip.gateway is not None:
-                gateways.setdefault(ip.gateway.version, str(ip.gateway))
-        with failing(f'failed to set "{ifname}" UP'):
-            links.set_up(ipr, index)
-        if 6 in gateways:
-            with failing(f'failed to settle addresses for "{ifname}"'):
-                addressing.wait_dad(ipr, index)
-        for route in result.routes:
-            gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
-            with failing(f"failed to add route '{route.dst.network} via {gw} dev {ifname} metric {route.priority}'"):
-                routing.add_route(
-                    ipr, index, route.dst.network, gw, priority=route.priority, table=route.table, scope=route.scope
-                )
+    requests = batch.Requests()
+    steps: list[tuple[int, str]] = []  # (answer position, what failed)
+    for ip in result.ips:
+        if ip.interface is None:
+            continue
+        if not 0 <= ip.interface < len(result.interfaces) or result.interfaces[ip.interface].name != ifname:
+            raise fail(f'failed to add IP addr {ip.address} to "{ifname}": invalid interface index')
+        if ip.address.version == 6 and not v6_enabled:
+            for name in ("lo", ifname):
+                with contextlib.suppress(OSError):  # unreadable: the reference logs and goes on
+                    sysctl.ensure(f"net/ipv6/conf/{name}/disable_ipv6", 0)
+            try:
+                sysctl.write(f"net/ipv6/conf/{ifname}/keep_addr_on_down", 1)
+            except OSError as e:
+                raise fail(f'failed to enable keep_addr_on_down for interface "{ifname}": {e.strerror}') from e
+            v6_enabled = True
+        steps.append((requests.addr_add(index, ip.address), f'failed to add IP addr {ip.address} to "{ifname}"'))
+        if ip.gateway is not None:
+            gateways.setdefault(ip.gateway.version, str(ip.gateway))
+    steps.append((requests.link_set(index, up=True), f'failed to set "{ifname}" UP'))
+    if 6 in gateways:
+        _sent(requests, steps)
+        with failing(f'failed to settle addresses for "{ifname}"'), links.iproute() as ipr:
+            addressing.wait_dad(ipr, index)
+        requests, steps = batch.Requests(), []
+    for route in result.routes:
+        gw = str(route.gw) if route.gw is not None else gateways.get(route.dst.version)
+        position = requests.route_append(
+            index, route.dst.network, gw, priority=route.priority or 0, table=route.table, scope=route.scope
+        )
+        steps.append(
+            (position, f"failed to add route '{route.dst.network} via {gw} dev {ifname} metric {route.priority}'")
+        )
+    _sent(requests, steps)
+
+
+def _sent(requests: batch.Requests, steps: list[tuple[int, str]]) -> None:
+    """Send ``requests``; the first failed step (in order) raised with its text."""
+    answers = requests.send()
+    for position, what in steps:
+        with failing(what):
+            answers[position].check()
 
 
 def check_ips(ifname: str, ips: Iterable[IPConfig]) -> None:

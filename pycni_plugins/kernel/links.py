@@ -42,7 +42,7 @@ from pyroute2 import IPRoute, NetlinkError
 from pyroute2.netlink import nlmsg_atoms
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
 
-from . import changes
+from . import batch, changes
 from .errors import LinkError
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "iproute",
     "keep_iproutes",
     "get_link",
+    "fetch_link",
     "link_info",
     "ifindex",
     "dump_links",
@@ -66,7 +67,6 @@ __all__ = [
     "call",
     "set_up",
     "set_down",
-    "set_mac",
     "set_link",
     "set_master",
     "set_brport",
@@ -256,6 +256,19 @@ def get_link(ipr: IPRoute, name: str | None = None, *, index: int | None = None)
     return _link(msg) if msg is not None else None
 
 
+def fetch_link(name: str | None = None, *, index: int | None = None) -> Link | None:
+    """:func:`get_link` in the calling thread's namespace through :mod:`.batch`, for the hot
+    path: ~0.2 ms where a request through ``IPRoute`` costs ~0.35 ms."""
+    requests = batch.Requests()
+    requests.link_get(index or 0, name if index is None else None)
+    answer = requests.send()[0]
+    if answer.error is not None:
+        if answer.error.errno == errno.ENODEV:
+            return None
+        raise answer.error
+    return _link(answer.messages[0]) if answer.messages else None
+
+
 @attrs.frozen
 class LinkInfo:
     """A link with what only some readers need: its alias (IFLA_IFALIAS) and its kind's own
@@ -323,7 +336,7 @@ def ensure_bridge(
     filtering refuses the whole request, so nothing is left behind. A new bridge gets ``mac``
     (default: a random one).
     """
-    link = get_link(ipr, name)
+    link = fetch_link(name)
     created = False
     if link is None:
         # An explicit MAC at creation makes it "set", so the kernel never swaps it for the lowest
@@ -350,7 +363,6 @@ def ensure_bridge(
 
 
 def add_veth(
-    ipr: IPRoute,
     host_name: str,
     host_mac: str,
     *,
@@ -360,18 +372,14 @@ def add_veth(
     mtu: int,
     master: int | None,
 ) -> None:
-    """One RTM_NEWLINK: a veth whose host end is UP (and enslaved to ``master``) here and whose
-    peer is created directly in the namespace ``peer_netns_fd`` (never moved: a move costs an
-    extra round of namespace work and notifications)."""
-    peer: dict[str, Any] = {"ifname": peer_name, "net_ns_fd": peer_netns_fd}
-    host: dict[str, Any] = {"ifname": host_name, "address": host_mac, "state": "up"}
-    if peer_mac:
-        peer["address"] = peer_mac
-    if mtu > 0:
-        peer["mtu"] = host["mtu"] = mtu
-    if master:
-        host["master"] = master
-    call(ipr.link, "add", kind="veth", peer=peer, **host)
+    """One RTM_NEWLINK (one send of :mod:`.batch`), in the calling thread's namespace: a veth
+    whose host end is UP (and enslaved to ``master``) here and whose peer is created directly in
+    the namespace ``peer_netns_fd`` (never moved: a move costs an extra round of namespace work
+    and notifications)."""
+    peer: dict[str, Any] = {"ifname": peer_name, "net_ns_fd": peer_netns_fd, "address": peer_mac}
+    requests = batch.Requests()
+    requests.veth_add({"ifname": host_name, "address": host_mac}, peer, master=master, mtu=mtu)
+    requests.send()[0].check()
 
 
 def add_link(
@@ -406,10 +414,6 @@ def set_link(ipr: IPRoute, index: int, **spec: Any) -> None:
 def set_master(ipr: IPRoute, index: int, master: int) -> None:
     """Enslave the link to ``master`` (a bridge) and bring it up."""
     call(ipr.link, "set", index=index, master=master, state="up")
-
-
-def set_mac(ipr: IPRoute, index: int, mac: str) -> None:
-    call(ipr.link, "set", index=index, address=mac)
 
 
 def set_brport(ipr: IPRoute, index: int, *, hairpin: bool = False, isolated: bool = False) -> None:
@@ -472,8 +476,9 @@ def delete_link(name: str, timeout: float = 10.0) -> None:
 
 def _delete(name: str, outcome: list[Exception | None], done: threading.Event) -> None:
     try:
-        with iproute() as ipr:
-            call(ipr.link, "del", ifname=name)
+        requests = batch.Requests()  # one send: no IPRoute (and asyncio loop) for a thread about to end
+        requests.link_del(name)
+        requests.send()[0].check()
         outcome.append(None)
     except Exception as e:  # handed over to the caller, which raises it
         outcome.append(e)
@@ -484,7 +489,7 @@ def _delete(name: str, outcome: list[Exception | None], done: threading.Event) -
 # --- waiting ------------------------------------------------------------------------------------
 
 
-def wait_oper_up(ipr: IPRoute, name: str, timeout: float = 2.5) -> str:
+def wait_oper_up(name: str, timeout: float = 2.5) -> str:
     """Poll until the link's operstate is UP; returns the last state seen.
 
     A fresh bridge port turns UP when its veth peer comes up, a workqueue hop later: usually
@@ -493,7 +498,7 @@ def wait_oper_up(ipr: IPRoute, name: str, timeout: float = 2.5) -> str:
     deadline = time.monotonic() + timeout
     delay = 0.0002
     while True:
-        link = get_link(ipr, name)
+        link = fetch_link(name)
         state = link.operstate if link else "NOTFOUND"
         if state == "UP" or time.monotonic() >= deadline:
             return state

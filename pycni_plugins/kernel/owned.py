@@ -374,8 +374,7 @@ def host_veth(record: VethRecord) -> str | None:
     bridge or of none (the bridge was deleted; ptp's are of none), nothing else."""
     if record.host is None:
         return None
-    with links.iproute() as ipr:
-        link = links.get_link(ipr, record.host)
+    link = links.fetch_link(record.host)
     if link is None or link.kind != "veth":
         return None
     bridge = record.bridge

@@ -10,6 +10,7 @@ import ipaddress
 import socket
 from typing import Any
 
+from . import batch
 from .errors import LinkError
 from .links import IPRoute, call
 
@@ -121,15 +122,17 @@ def rule(ipr: IPRoute, command: str, **spec: Any) -> None:
     call(ipr.rule, command, **spec)
 
 
-def route_oif(ipr: IPRoute, dst: str) -> int | None:
-    """The output interface the kernel picks for ``dst`` (``ip route get``)."""
-    try:
-        msgs = call(ipr.route, "get", dst=dst)
-    except LinkError as e:
-        if e.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+def route_oif(dst: str) -> int | None:
+    """The output interface the kernel picks for ``dst`` (``ip route get``), in the calling
+    thread's namespace (one send of :mod:`.batch`: no ``IPRoute`` needed)."""
+    requests = batch.Requests()
+    requests.route_get(ipaddress.ip_address(dst))
+    answer = requests.send()[0]
+    if answer.error is not None:
+        if answer.error.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
             return None
-        raise
-    return (msgs[0].get("oif") or None) if msgs else None
+        raise answer.error
+    return (answer.messages[0].get("oif") or None) if answer.messages else None
 
 
 def has_route(ipr: IPRoute, index: int, dst: IPNetwork, gateway: str | None) -> bool:

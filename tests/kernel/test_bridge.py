@@ -203,17 +203,9 @@ def test_existing_non_bridge_link_is_refused(host, make_netns, kit, tmp_path):
 
     fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     try:
-        with links.iproute() as ipr:
-            links.add_veth(
-                ipr,
-                "pbr0",
-                links.random_mac(),
-                peer_name="pbr0peer",
-                peer_netns_fd=fd,
-                peer_mac=None,
-                mtu=0,
-                master=None,
-            )
+        links.add_veth(
+            "pbr0", links.random_mac(), peer_name="pbr0peer", peer_netns_fd=fd, peer_mac=None, mtu=0, master=None
+        )
     finally:
         os.close(fd)
     ctr = make_netns("c")

@@ -65,9 +65,8 @@ def test_delete_link_returns_with_both_veth_ends_unlisted(make_netns):
     def make() -> None:
         fd = os.open(ctr.path, os.O_RDONLY)
         try:
-            with links.iproute() as ipr:
-                mac = links.random_mac()
-                links.add_veth(ipr, "vtest0", mac, peer_name="eth9", peer_netns_fd=fd, peer_mac=None, mtu=0, master=0)
+            mac = links.random_mac()
+            links.add_veth("vtest0", mac, peer_name="eth9", peer_netns_fd=fd, peer_mac=None, mtu=0, master=0)
         finally:
             os.close(fd)
 

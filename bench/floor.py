@@ -1,0 +1,151 @@
+"""The ``floor`` row: one container's kernel objects made with the fewest raw pyroute2 and
+libnftables calls, so a chain's latency can be read as a multiple of what the kernel work costs
+from Python at all (``×floor`` in the report).
+
+Per container the default chain leaves a veth pair (host end UP on the bridge, ``eth0`` in the
+container), ``lo`` UP, the container's address, its default route via the gateway, and four
+nftables elements in pycni's table (masquerade, firewall, host port, hairpin). The floor makes
+exactly those:
+
+* ADD: one ``RTM_NEWLINK`` from the host (the veth, its peer created in the container
+  namespace, the host end enslaved and UP, both MACs given); in the container, one socket
+  (opened with the calling thread in the container's namespace, the way the runtime enters the
+  host's) and four requests: ``lo`` UP, the address, ``eth0`` UP, the default route; one
+  libnftables transaction adding the four elements, with the comments pycni gives them.
+* DEL: one transaction deleting the elements, one ``RTM_DELLINK`` of the host end (the
+  container end goes with it), acknowledged.
+
+Everything else the chain does is not the kernel objects' cost and is left out: no IPAM (the
+address is the one host-local hands out), no state records or results cache, no reads, no
+sysctls (the cell's one-time ``ip_forward`` is set up front). The bridge, its gateway address
+and pycni's nftables skeleton are shared by all containers; they are made before the timed
+calls by one in-process ADD and DEL of the chain for a throwaway container (so the tables,
+sets and chains are pycni's own, byte for byte).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+
+import nftables
+from pyroute2 import IPRoute
+
+from pycni import netns
+from pycni.sdk import Attachment
+from pycni_plugins.kernel import layout
+from pycni_plugins.kernel.nft.ownership import comment
+
+from .drivers import (
+    BRIDGE,
+    CONTAINER_PORT,
+    DEFAULT,
+    GATEWAY,
+    NETWORK,
+    SUBNET,
+    BackendError,
+    RuntimeDriver,
+    container_id,
+    expected_address,
+    host_port,
+)
+from .session import Cell
+
+NAME = "floor"
+_MAC_BASE = 0x02_00_00_00_00_00  # locally administered
+BROADCAST = str(SUBNET.broadcast_address)  # as pycni (and `ip addr`) give an IPv4 address
+RTPROT_BOOT = 3  # the route's protocol, as pycni's and the reference's
+
+
+def _mac(n: int) -> str:
+    raw = (_MAC_BASE | n).to_bytes(6, "big")
+    return ":".join(f"{b:02x}" for b in raw)
+
+
+def _elements(i: int) -> tuple[list[str], list[str]]:
+    """The nft commands adding and deleting container ``i``'s elements, as pycni writes them."""
+    addr = ipaddress.ip_interface(f"{expected_address(i)}/{SUBNET.prefixlen}")
+    att = Attachment(NETWORK, container_id(i), "eth0")
+    owned = (
+        ("masq", layout.masq_element(addr)),
+        ("firewall", layout.firewall_element(addr.ip)),
+        ("portmap", layout.hostport_element("tcp", host_port(i), addr.ip, CONTAINER_PORT, None)),
+        ("portmap", layout.hairpin_element(addr)),
+    )
+    return [e.add(comment(att, owner)) for owner, e in owned], [e.delete() for _, e in owned]
+
+
+class FloorDriver:
+    """The floor for one cell (see the module docstring). ``add`` returns the address it gave."""
+
+    ops: tuple[str, ...] = ("add", "del")
+    workload = DEFAULT
+
+    def __init__(self, cell: Cell) -> None:
+        self.cell = cell
+        self._prepare()
+        with netns.entered(cell.host):
+            # Kept for the cell, as the runtime keeps its host-side sockets: bound to the host
+            # namespace at creation, usable from here afterwards.
+            self.ipr = IPRoute()
+            self.nft = nftables.Nftables()
+            self.bridge = socket.if_nametoindex(BRIDGE)
+        self.nft_cmds = [_elements(i) for i in range(len(cell.containers))]
+        self.hosts = [f"vfl{i:08x}" for i in range(len(cell.containers))]
+
+    def _prepare(self) -> None:
+        """The shared objects (bridge, gateway address, ip_forward, pycni's skeleton) by one
+        ADD and DEL of the chain for a container of its own."""
+        with netns.Throwaway(name=f"{os.path.basename(self.cell.host)}-floor") as ns:
+            prep = Cell(self.cell.label, self.cell.host, (ns.path,), self.cell.dir, self.cell.cache_dir)
+            runtime = RuntimeDriver(prep, path=[], backend="inprocess")
+            runtime.add(0)
+            runtime.delete(0)
+
+    def add(self, i: int) -> object:
+        fd = os.open(self.cell.containers[i], os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self.ipr.link(
+                "add",
+                ifname=self.hosts[i],
+                kind="veth",
+                address=_mac(2 * i + 1),
+                master=self.bridge,
+                state="up",
+                peer={"ifname": "eth0", "net_ns_fd": fd, "address": _mac(2 * i + 2)},
+            )
+            with netns.entered(fd):
+                ctr = IPRoute()
+                eth0 = socket.if_nametoindex("eth0")  # an ioctl, not a netlink request
+        finally:
+            os.close(fd)
+        try:
+            ctr.link("set", index=1, state="up")
+            ctr.addr("add", index=eth0, address=expected_address(i), prefixlen=SUBNET.prefixlen, broadcast=BROADCAST)
+            ctr.link("set", index=eth0, state="up")
+            ctr.route("add", dst="0.0.0.0/0", gateway=str(GATEWAY), oif=eth0, proto=RTPROT_BOOT)
+        finally:
+            ctr.close()
+        self._nft(self.nft_cmds[i][0])
+        return expected_address(i)
+
+    def check(self, i: int) -> None:
+        raise NotImplementedError("the floor has no CHECK")
+
+    def delete(self, i: int) -> None:
+        self._nft(self.nft_cmds[i][1])
+        self.ipr.link("del", ifname=self.hosts[i])
+
+    def address(self, result: object) -> str:
+        return str(result)
+
+    def _nft(self, commands: list[str]) -> None:
+        rc, _, err = self.nft.cmd("\n".join(commands))
+        if rc != 0:
+            raise BackendError(f"nft: {err.strip()}")
+
+    def close(self) -> None:
+        """Close the kept sockets (the cell's ``latency_cell`` calls this before counting fds)."""
+        self.ipr.close()
+        del self.nft  # libnftables frees its context, and closes its socket, with the object

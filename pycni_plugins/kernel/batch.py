@@ -1,0 +1,237 @@
+"""Several rtnetlink requests sent as one: each built with pyroute2's message classes (the bytes
+its ``IPRoute`` API sends for the same call, as a test checks), all written with one ``send`` on
+a netlink socket opened for them in the calling thread's namespace, and every answer read back.
+
+A request through ``IPRoute`` costs ~0.15-0.3 ms of pyroute2's machinery (an asyncio loop turn,
+request filters) on top of the kernel's few microseconds, and an ``IPRoute`` opened in a fresh
+thread another ~0.4 ms; building the message costs ~0.02 ms. The kernel handles the messages of
+one send in order, each on its own: a failed request does not stop the next ones, so a caller
+sends together only requests whose later members are harmless after an earlier failure (its
+undo removes what they did), and reads the answers in order.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from logging import DEBUG
+from typing import Any
+
+import attrs
+from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR
+from pyroute2.netlink.rtnl import (
+    RTM_DELLINK,
+    RTM_GETADDR,
+    RTM_GETLINK,
+    RTM_GETROUTE,
+    RTM_NEWADDR,
+    RTM_NEWLINK,
+    RTM_NEWROUTE,
+)
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+from pyroute2.netlink.rtnl.rtmsg import rtmsg
+
+from . import changes
+from .errors import LinkError
+
+__all__ = ["Answer", "Requests", "IFF_UP"]
+
+IFF_UP = 0x1
+# linux/netlink.h: NLM_F_CREATE | NLM_F_EXCL (ip addr add) and NLM_F_CREATE | NLM_F_APPEND (ip route append)
+_CREATE_EXCL, _CREATE_APPEND = 0x400 | 0x200, 0x400 | 0x800
+RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
+RT_SCOPE_UNIVERSE, RT_SCOPE_LINK = 0, 253
+_RECV = 1 << 16
+#: The requests that change something, as the debug log names them (:mod:`.changes`).
+_CHANGES = {RTM_NEWLINK: "link set", RTM_DELLINK: "link del", RTM_NEWADDR: "addr add", RTM_NEWROUTE: "route append"}
+
+
+@attrs.frozen
+class Answer:
+    """The kernel's answer to one request: its error (``None``: done) and, for a get or a dump,
+    the messages (pyroute2's decoded ones)."""
+
+    error: LinkError | None
+    messages: tuple[Any, ...] = ()
+
+    def check(self) -> tuple[Any, ...]:
+        """The messages, or the error raised."""
+        if self.error is not None:
+            raise self.error
+        return self.messages
+
+
+def _words(msg: Any, attributes: list[tuple[str, Any]]) -> list[str]:
+    """A change request as ``key=value`` words, as pyroute2's API would have been called (the
+    link kind first, attribute names without their ``IFLA_``/``IFA_``/``RTA_`` prefix)."""
+    words: list[str] = []
+    for name, value in attributes:
+        if name == "IFLA_LINKINFO":
+            kind = dict(value["attrs"]).get("IFLA_INFO_KIND")
+            words.insert(0, f"kind={kind}")
+        else:
+            words.append(f"{name.split('_', 1)[1].lower()}={value}")
+    return words + [f"{name}={msg[name]}" for name, *_ in msg.fields if msg[name] and name != "family"]
+
+
+class Requests:
+    """Requests to send together (:meth:`send`); each method returns the position of its answer."""
+
+    def __init__(self) -> None:
+        self._data: list[bytes] = []
+        self._dumps: set[int] = set()
+        self._logged: list[tuple[int, str, list[str]]] = []
+
+    def _add(self, msg: Any, kind: int, flags: int, attributes: list[tuple[str, Any]]) -> int:
+        msg["attrs"] = attributes
+        msg["header"]["type"] = kind
+        msg["header"]["flags"] = NLM_F_REQUEST | flags
+        msg["header"]["sequence_number"] = len(self._data) + 1
+        msg.encode()
+        self._data.append(msg.data)
+        if (flags & NLM_F_DUMP) == NLM_F_DUMP:
+            self._dumps.add(len(self._data))
+        if kind in _CHANGES and changes.log.isEnabledFor(DEBUG):
+            verb = "link add" if kind == RTM_NEWLINK and flags & _CREATE_EXCL else _CHANGES[kind]
+            self._logged.append((len(self._data) - 1, verb, _words(msg, attributes)))
+        return len(self._data) - 1
+
+    def link_get(self, index: int = 0, name: str | None = None) -> int:
+        """``RTM_GETLINK`` by index or name: one message, or ENODEV."""
+        msg = ifinfmsg()
+        msg["index"] = index
+        return self._add(msg, RTM_GETLINK, NLM_F_ACK, [("IFLA_IFNAME", name)] if name else [])
+
+    def veth_add(self, host: dict[str, Any], peer: dict[str, Any], *, master: int | None = None, mtu: int = 0) -> int:
+        """``ip link add type veth``: the host end (``ifname``, ``address``), UP and enslaved to
+        ``master``, here; the peer (``ifname``, ``net_ns_fd``, ``address``) made in its namespace."""
+        msg = ifinfmsg()
+        msg["flags"] = msg["change"] = IFF_UP
+        peer_attrs: list[tuple[str, Any]] = [("IFLA_IFNAME", peer["ifname"]), ("IFLA_NET_NS_FD", peer["net_ns_fd"])]
+        if peer.get("address"):
+            peer_attrs.append(("IFLA_ADDRESS", peer["address"]))
+        attributes: list[tuple[str, Any]] = [("IFLA_IFNAME", host["ifname"]), ("IFLA_ADDRESS", host["address"])]
+        if master:
+            attributes.append(("IFLA_MASTER", master))
+        if mtu > 0:
+            attributes.append(("IFLA_MTU", mtu))
+            peer_attrs.append(("IFLA_MTU", mtu))
+        info = {"attrs": [("VETH_INFO_PEER", {"attrs": peer_attrs})]}
+        attributes.append(("IFLA_LINKINFO", {"attrs": [("IFLA_INFO_KIND", "veth"), ("IFLA_INFO_DATA", info)]}))
+        return self._add(msg, RTM_NEWLINK, NLM_F_ACK | _CREATE_EXCL, attributes)
+
+    def link_del(self, name: str) -> int:
+        """``ip link del`` by name (a veth's peer goes with it)."""
+        return self._add(ifinfmsg(), RTM_DELLINK, NLM_F_ACK, [("IFLA_IFNAME", name)])
+
+    def link_set(self, index: int, *, up: bool = False, address: str | None = None) -> int:
+        """``ip link set``: UP (when ``up``) and the MAC (when ``address``)."""
+        msg = ifinfmsg()
+        msg["index"] = index
+        msg["flags"] = msg["change"] = IFF_UP if up else 0
+        return self._add(msg, RTM_NEWLINK, NLM_F_ACK, [("IFLA_ADDRESS", address)] if address else [])
+
+    def addr_add(self, index: int, addr: Any, *, nodad: bool = False) -> int:
+        """``ip addr add`` of an ``ipaddress`` interface; IPv4 prefixes shorter than /31 get their
+        broadcast address, as ``ip addr`` gives them; ``nodad``: IFA_F_NODAD."""
+        msg = ifaddrmsg()
+        msg["family"] = socket.AF_INET if addr.version == 4 else socket.AF_INET6
+        msg["prefixlen"] = addr.network.prefixlen
+        msg["index"] = index
+        attributes: list[tuple[str, Any]] = [("IFA_ADDRESS", str(addr.ip))]
+        if addr.version == 4:
+            if addr.network.prefixlen < 31:
+                attributes.append(("IFA_BROADCAST", str(addr.network.broadcast_address)))
+            attributes.append(("IFA_LOCAL", str(addr.ip)))
+        if nodad:
+            attributes.append(("IFA_FLAGS", 0x02))  # IFA_F_NODAD
+        return self._add(msg, RTM_NEWADDR, NLM_F_ACK | _CREATE_EXCL, attributes)
+
+    def addr_dump(self) -> int:
+        """Every address of the namespace (pyroute2's own dump filters by link afterwards too)."""
+        return self._add(ifaddrmsg(), RTM_GETADDR, NLM_F_DUMP, [])
+
+    def route_append(
+        self,
+        index: int,
+        dst: Any,
+        gateway: str | None,
+        *,
+        priority: int = 0,
+        table: int | None = None,
+        scope: int | None = None,
+    ) -> int:
+        """A route appended (``ip route append``, as :func:`.routing.add_route` sends it) to the
+        ``ipaddress`` network ``dst`` through link ``index``."""
+        table = RT_TABLE_MAIN if table is None else table
+        msg = rtmsg()
+        msg["family"] = socket.AF_INET if dst.version == 4 else socket.AF_INET6
+        msg["dst_len"] = dst.prefixlen
+        msg["table"] = table if table < 256 else RT_TABLE_MAIN  # as pyroute2 sends it: RTA_TABLE is the real one
+        msg["proto"] = RTPROT_BOOT
+        msg["scope"] = (RT_SCOPE_UNIVERSE if gateway else RT_SCOPE_LINK) if scope is None else scope
+        msg["type"] = RTN_UNICAST
+        attributes: list[tuple[str, Any]] = []
+        if dst.prefixlen:
+            attributes.append(("RTA_DST", str(dst.network_address)))
+        attributes += [("RTA_OIF", index), ("RTA_TABLE", table)]
+        if gateway:
+            attributes.append(("RTA_GATEWAY", gateway))
+        if priority:
+            attributes.append(("RTA_PRIORITY", priority))
+        return self._add(msg, RTM_NEWROUTE, NLM_F_ACK | _CREATE_APPEND, attributes)
+
+    def route_get(self, dst: Any) -> int:
+        """``ip route get`` of an ``ipaddress`` address: the route the kernel picks, one message."""
+        msg = rtmsg()
+        msg["family"] = socket.AF_INET if dst.version == 4 else socket.AF_INET6
+        msg["dst_len"] = dst.max_prefixlen
+        msg["table"] = RT_TABLE_MAIN
+        return self._add(msg, RTM_GETROUTE, NLM_F_ACK, [("RTA_DST", str(dst))])
+
+    def send(self) -> list[Answer]:
+        """Send everything with one ``send``; the answers in the order of the requests. A socket
+        error (not a request's) is raised as :class:`LinkError`."""
+        if not self._data:
+            return []
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
+        try:
+            sock.bind((0, 0))
+            sock.send(b"".join(self._data))
+            answers = self._answers(sock)
+        except OSError as e:
+            if isinstance(e, LinkError):
+                raise
+            raise LinkError(e.errno or errno.EIO, e.strerror or str(e)) from None
+        finally:
+            sock.close()
+        for position, verb, words in self._logged:
+            error = answers[position].error
+            changes.netlink_batched(verb, words, (error.errno or 0) if error is not None else 0)
+        return answers
+
+    def _answers(self, sock: socket.socket) -> list[Answer]:
+        marshal = MarshalRtnl()
+        messages: dict[int, list[Any]] = {}
+        errors: dict[int, LinkError] = {}
+        pending = set(range(1, len(self._data) + 1))
+        while pending:
+            for msg in marshal.parse(sock.recv(_RECV)):
+                header = msg["header"]
+                seq = header["sequence_number"]
+                if seq not in pending:
+                    continue
+                if header["type"] == NLMSG_ERROR or header["type"] == NLMSG_DONE:
+                    error = header.get("error")
+                    if error is not None:
+                        code = abs(getattr(error, "code", errno.EIO))
+                        errors[seq] = LinkError(code, os.strerror(code))
+                    pending.discard(seq)
+                    continue
+                messages.setdefault(seq, []).append(msg)
+                if seq not in self._dumps:
+                    pending.discard(seq)  # a get's one answer (its acknowledgement, next, is not awaited)
+        return [Answer(errors.get(seq), tuple(messages.get(seq, ()))) for seq in range(1, len(self._data) + 1)]

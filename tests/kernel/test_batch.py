@@ -1,0 +1,158 @@
+"""kernel.batch: requests built as pyroute2's IPRoute API builds them, sent in one send, each
+answered in order (a failed one does not hide the others' answers)."""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from pyroute2.iproute.linux import IPBatch
+from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+
+from pycni import netns
+from pycni_plugins.kernel import addressing, batch, links, routing
+
+pytestmark = pytest.mark.privileged
+
+V4 = ipaddress.ip_interface("198.18.7.5/24")
+V4_31 = ipaddress.ip_interface("198.18.7.8/31")
+V6 = ipaddress.ip_interface("fd00:7::5/64")
+MAC = "02:00:00:00:00:01"
+
+
+def _decoded(data: bytes) -> list[tuple[Any, ...]]:
+    """The messages of a buffer without what differs per send (sequence number, port id)."""
+    out = []
+    for msg in MarshalRtnl().parse(data):
+        h = msg["header"]
+        fields = tuple((name, msg[name]) for name, *_ in msg.fields)
+        out.append((h["type"], h["flags"], fields, tuple(map(tuple, msg["attrs"]))))
+    return out
+
+
+CASES: list[tuple[str, Callable[[batch.Requests], int], Callable[[Any], None]]] = [
+    ("link up", lambda r: r.link_set(5, up=True), lambda i: i.link("set", index=5, state="up")),
+    (
+        "link mac",
+        lambda r: r.link_set(5, address="02:00:00:00:00:01"),
+        lambda i: i.link("set", index=5, address="02:00:00:00:00:01"),
+    ),
+    ("link by index", lambda r: r.link_get(5), lambda i: i.link("get", index=5)),
+    ("link by name", lambda r: r.link_get(name="veth1"), lambda i: i.link("get", ifname="veth1")),
+    ("link deleted", lambda r: r.link_del("veth1"), lambda i: i.link("del", ifname="veth1")),
+    (
+        "route get",
+        lambda r: r.route_get(ipaddress.ip_address("198.18.7.9")),
+        lambda i: i.route("get", dst="198.18.7.9"),
+    ),
+    (
+        "v6 route get",
+        lambda r: r.route_get(ipaddress.ip_address("fd00:7::9")),
+        lambda i: i.route("get", dst="fd00:7::9"),
+    ),
+    ("v4 address", lambda r: r.addr_add(5, V4), lambda i: addressing.add_address(i, 5, V4)),
+    ("v4 /31 address", lambda r: r.addr_add(5, V4_31), lambda i: addressing.add_address(i, 5, V4_31)),
+    (
+        "v6 address, no DAD",
+        lambda r: r.addr_add(5, V6, nodad=True),
+        lambda i: addressing.add_address(i, 5, V6, nodad=True),
+    ),
+    ("v6 address", lambda r: r.addr_add(5, V6), lambda i: addressing.add_address(i, 5, V6)),
+    (
+        "default route via",
+        lambda r: r.route_append(5, ipaddress.ip_network("0.0.0.0/0"), "198.18.7.1"),
+        lambda i: routing.add_route(i, 5, ipaddress.ip_network("0.0.0.0/0"), "198.18.7.1"),
+    ),
+    (
+        "link route, metric, table",
+        lambda r: r.route_append(5, ipaddress.ip_network("10.0.0.0/8"), None, priority=7, table=300),
+        lambda i: routing.add_route(i, 5, ipaddress.ip_network("10.0.0.0/8"), None, priority=7, table=300),
+    ),
+    (
+        "v6 route with scope",
+        lambda r: r.route_append(5, ipaddress.ip_network("fd00:9::/64"), "fd00:7::1", scope=0),
+        lambda i: routing.add_route(i, 5, ipaddress.ip_network("fd00:9::/64"), "fd00:7::1", scope=0),
+    ),
+]
+
+
+@pytest.mark.parametrize(("mine", "theirs"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_request_is_the_message_pyroute2s_api_sends(host, mine, theirs) -> None:
+    requests = batch.Requests()
+    mine(requests)
+    compiler = IPBatch()  # pyroute2's own: compiles its API calls into a buffer, sends nothing
+    try:
+        theirs(compiler)
+        assert _decoded(b"".join(requests._data)) == _decoded(bytes(compiler.batch))
+    finally:
+        compiler.close()
+
+
+def test_one_send_answers_each_request_in_order_and_a_failure_stops_nothing(make_netns) -> None:
+    ns = make_netns("c")
+
+    def body() -> tuple[list[batch.Answer], list[Any], bool]:
+        requests = batch.Requests()
+        requests.link_get(links.LOOPBACK_INDEX)
+        requests.link_get(4242)  # no such link
+        requests.addr_add(links.LOOPBACK_INDEX, ipaddress.ip_interface("198.18.9.1/32"))
+        requests.addr_add(links.LOOPBACK_INDEX, ipaddress.ip_interface("198.18.9.1/32"))  # EEXIST
+        requests.link_set(links.LOOPBACK_INDEX, up=True)
+        requests.addr_dump()
+        answers = requests.send()
+        with links.iproute() as ipr:
+            lo = links.get_link(ipr, index=links.LOOPBACK_INDEX)
+            have = [a for a, _ in addressing.addresses(ipr, links.LOOPBACK_INDEX)]
+        return answers, have, bool(lo and lo.up)
+
+    answers, have, up = netns.run_in(ns.path, body)
+    assert [a.error.errno if a.error else 0 for a in answers] == [0, errno.ENODEV, 0, errno.EEXIST, 0, 0]
+    assert answers[0].messages[0]["index"] == links.LOOPBACK_INDEX
+    with pytest.raises(links.LinkError) as e:
+        answers[1].check()
+    assert e.value.errno == errno.ENODEV
+    assert up and ipaddress.ip_interface("198.18.9.1/32") in have
+    listed = addressing.of_link(answers[5].check(), links.LOOPBACK_INDEX)
+    assert sorted(map(str, listed)) == sorted(map(str, have))
+    assert {m["family"] for m in answers[5].messages} >= {socket.AF_INET, socket.AF_INET6}
+
+
+def test_fetch_link_reads_a_link_by_name_or_index_and_none_when_missing(make_netns) -> None:
+    ns = make_netns("c")
+
+    def body() -> tuple[Any, ...]:
+        with links.iproute() as ipr:
+            via_ipr = links.get_link(ipr, "lo")
+        return via_ipr, links.fetch_link("lo"), links.fetch_link(index=1), links.fetch_link("nosuch0")
+
+    via_ipr, by_name, by_index, missing = netns.run_in(ns.path, body)
+    assert by_name == via_ipr and by_index == via_ipr and missing is None
+
+
+def test_route_oif_names_the_link_the_kernel_picks_and_none_when_unreachable(make_netns) -> None:
+    ns = make_netns("c")
+    local, unreachable = netns.run_in(
+        ns.path, lambda: (routing.route_oif("127.0.0.5"), routing.route_oif("198.18.99.1"))
+    )
+    assert local == links.LOOPBACK_INDEX and unreachable is None
+
+
+@pytest.mark.parametrize(("mtu", "master", "peer_mac"), [(0, None, None), (1400, 3, "02:00:00:00:00:02")])
+def test_a_veth_is_the_message_pyroute2s_api_sends(host, mtu, master, peer_mac) -> None:
+    peer = {"ifname": "eth0", "net_ns_fd": 9, **({"address": peer_mac} if peer_mac else {})}
+    requests = batch.Requests()
+    requests.veth_add({"ifname": "vethx", "address": MAC}, peer, master=master, mtu=mtu)
+    theirs = {"ifname": "vethx", "address": MAC, "state": "up", **({"master": master} if master else {})}
+    if mtu:
+        theirs["mtu"] = mtu
+        peer = {**peer, "mtu": mtu}
+    compiler = IPBatch()
+    try:
+        compiler.link("add", kind="veth", peer=peer, **theirs)
+        assert _decoded(b"".join(requests._data)) == _decoded(bytes(compiler.batch))
+    finally:
+        compiler.close()
