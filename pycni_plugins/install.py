@@ -28,6 +28,7 @@ _HEADER = """#!{python} -IS
 # from pycni_plugins/serve/shim.py; do not edit)
 PLUGIN_TYPE = {type!r}
 TARGET = {target!r}
+TARGETS = {targets!r}
 SOCKET = {socket!r}
 FALLBACK_PATH = {path!r}
 UNAVAILABLE = {unavailable!r}
@@ -111,6 +112,7 @@ def install(
                 python=sys.executable,
                 type=plugin_type,
                 target=targets[plugin_type],
+                targets=targets,
                 socket=socket or DEFAULT_SOCKET,
                 path=path,
                 unavailable=unavailable,

@@ -29,11 +29,15 @@ def _source(network: str, conf_dir: str) -> tuple[bytes, str]:
 
 
 def _write(data: bytes, out: str | None) -> None:
+    """To stdout, or replacing ``out`` atomically: a runtime reading the config directory sees
+    the old list or the new one, never half of it (``out`` may be the file folded)."""
     if out is None:
         click.echo(data, nl=False)
         return
-    with open(out, "wb") as f:
+    partial = f"{out}.pycni-partial"
+    with open(partial, "wb") as f:
         f.write(data)
+    os.replace(partial, out)
 
 
 _conf_dir = click.option(

@@ -38,6 +38,7 @@ __all__ = [
     "environ",
     "environment",
     "internal_errors",
+    "preset_registry",
 ]
 
 COMMANDS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")
@@ -210,16 +211,41 @@ def _entry_points() -> dict[str, Any]:
     return found
 
 
+#: The registry as an installed shim knows it (type -> ``module:Class``, resolved at install time):
+#: set, it replaces the entry-point scan, which reads every installed distribution's metadata.
+_preset: dict[str, str] = {}
+
+
+def preset_registry(targets: Mapping[str, str]) -> None:
+    """Use ``targets`` (CNI type -> ``module:Class``) as the built-in registry from now on: an
+    installed plugin's fallback (a chain's inner plugins, a bridge's host-local) finds them
+    without scanning the installed distributions."""
+    _preset.clear()
+    _preset.update(targets)
+    _load.cache_clear()
+
+
+def _registry() -> Mapping[str, Any]:
+    return _preset or _entry_points()
+
+
 def builtin_plugin(plugin_type: str) -> Plugin | None:
     """The in-process plugin for a CNI type (loaded on first use), or ``None``."""
-    return _load(plugin_type) if plugin_type in _entry_points() else None
+    return _load(plugin_type) if plugin_type in _registry() else None
 
 
-@cache  # keyed by entry point names only: a caller's arbitrary type strings are never kept
+@cache  # keyed by registry names only: a caller's arbitrary type strings are never kept
 def _load(plugin_type: str) -> Plugin | None:
-    ep = _entry_points()[plugin_type]
+    target = _preset.get(plugin_type)
     try:
-        plugin: Plugin = ep.load()()  # entry points are untyped: the group's contract is a Plugin class
+        if target is None:
+            cls = _entry_points()[plugin_type].load()
+        else:
+            import importlib
+
+            module, _, name = target.partition(":")
+            cls = getattr(importlib.import_module(module), name)
+        plugin: Plugin = cls()  # untyped either way: the group's contract is a Plugin class
     except ImportError:
         return None
     return plugin
@@ -227,7 +253,7 @@ def _load(plugin_type: str) -> Plugin | None:
 
 def builtin_plugins() -> dict[str, Plugin]:
     """Every in-process plugin that loads, by CNI type."""
-    loaded = {name: builtin_plugin(name) for name in sorted(_entry_points())}
+    loaded = {name: builtin_plugin(name) for name in sorted(_registry())}
     return {name: plugin for name, plugin in loaded.items() if plugin is not None}
 
 

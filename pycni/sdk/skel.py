@@ -36,7 +36,7 @@ from .. import _json
 from .._json import go_escape, go_field
 from ..errors import CNIError, ErrorCode
 from .invoke import PARENT_PID_ENV
-from .plugin import Plugin, builtin_plugin, internal_errors
+from .plugin import Plugin, builtin_plugin, internal_errors, preset_registry
 from .request import PluginRequest, default_state_dir
 from .validate import NAME_PATTERN, validate_attachment_key, validate_container_id
 
@@ -202,16 +202,22 @@ def respond(plugin: Plugin | None, plugin_type: str, env: Mapping[str, str], std
     return status, out.getvalue().encode("utf-8", "surrogateescape")
 
 
-def main(plugin_type: str, target: str | None = None, stdin: bytes | None = None) -> NoReturn:
+def main(
+    plugin_type: str, target: str | None = None, stdin: bytes | None = None, targets: Mapping[str, str] | None = None
+) -> NoReturn:
     """Entry point of an installed plugin script: exits with the CNI exit status.
 
     ``target`` (``module:Class``, resolved from the entry point at install time) spares the
     entry-point scan, which imports every built-in plugin (~40 ms). ``stdin`` is the request
-    when the caller has read it already (a shim falling back to running the plugin itself).
+    when the caller has read it already (a shim falling back to running the plugin itself);
+    ``targets`` (every built-in type's ``module:Class``, from install time) spares the scan when
+    the plugin looks another built-in up (a chain's inner plugins, a bridge's IPAM).
     It leaves through ``os._exit`` once stdout is written: a one-shot plugin has nothing to
     finalise, and interpreter teardown would only add milliseconds to every call.
     """
     _die_with_parent()
+    if targets:
+        preset_registry(targets)
     plugin = _load(target) if target else builtin_plugin(plugin_type)
     status, out = respond(plugin, plugin_type, os.environ, sys.stdin.buffer.read() if stdin is None else stdin)
     sys.stdout.buffer.write(out)

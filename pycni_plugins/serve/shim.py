@@ -31,6 +31,7 @@ Wire format (integers unsigned 32-bit little-endian), one connection per invocat
 
 PLUGIN_TYPE = "bridge"
 TARGET = "pycni_plugins.bridge:BridgePlugin"
+TARGETS = {"bridge": TARGET, "host-local": "pycni_plugins.host_local:HostLocalPlugin"}  # every built-in type
 SOCKET = "/run/pycni/pycni.sock"  # PYCNI_SOCKET overrides it
 FALLBACK_PATH: list[str] = []
 UNAVAILABLE = b'{\n    "code": 11,\n    "msg": "pycni daemon required (PYCNI_DAEMON=required) but unreachable"\n}'
@@ -55,7 +56,7 @@ def _local(stdin: bytes) -> None:
     sys.path += [p for p in FALLBACK_PATH if p not in sys.path]  # after the standard library
     from pycni.sdk.skel import main
 
-    main(PLUGIN_TYPE, TARGET, stdin)
+    main(PLUGIN_TYPE, TARGET, stdin, TARGETS)
 
 
 def _emit(status: int, out: bytes, err: bytes = b"") -> None:

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from pycni.chain import fold
+from pycni.config import conflist_from_bytes
 from pycni.runtime import Runtime
 from pycni.testing import probes
 from pycni_plugins.kernel import firewalld as fwd
@@ -33,7 +35,7 @@ from .test_iptables_compat import ECHO_PORT, _admin_rule, _pycni_lines, _save
 
 pytestmark = pytest.mark.privileged
 
-TYPES = ["loopback", "bridge", "host-local", "firewall", "portmap"]
+TYPES = ["loopback", "bridge", "host-local", "firewall", "portmap", "pycni-chain"]
 
 
 @pytest.fixture
@@ -227,10 +229,13 @@ def _firewalld_installed() -> None:
 
 
 @pytest.mark.usefixtures("_firewalld_installed")
+@pytest.mark.parametrize("folded", [False, True], ids=["list", "folded"])
 @pytest.mark.parametrize("profile", [FIREWALLD], ids=lambda p: p.name, indirect=True)
-def test_the_daemon_heals_a_firewalld_reload(world: World, served: Callable[..., Daemon]) -> None:
+def test_the_daemon_heals_a_firewalld_reload(world: World, served: Callable[..., Daemon], folded: bool) -> None:
     fw: firewalld_daemon.Firewalld = FIREWALLDS[world.host]
     daemon = served({"DBUS_SYSTEM_BUS_ADDRESS": fw.address})
+    if folded:  # the firewall plugin inside a pycni-chain request: watched all the same
+        world.network = conflist_from_bytes(fold(world.conflist))
     rt1, ip1 = world.container("f1")
     rt2, ip2 = world.container("f2")
     try:

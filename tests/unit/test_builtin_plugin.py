@@ -34,3 +34,22 @@ def test_an_unimplemented_add_fails_and_the_other_commands_succeed():
     assert raised.value.code == ErrorCode.INTERNAL
     for command in ("DEL", "CHECK", "GC", "STATUS"):
         assert plugin.handle(PluginRequest(command, {"cniVersion": "1.1.0", "name": "n", "type": "minimal"})) is None
+
+
+def test_a_preset_registry_finds_the_plugins_without_scanning_the_installed_distributions(monkeypatch):
+    """An installed shim's fallback knows every built-in's class from install time: looking one
+    up (a chain's inner plugins, a bridge's host-local) reads no distribution's metadata."""
+
+    def scan() -> None:
+        raise AssertionError("the entry points were scanned")
+
+    monkeypatch.setattr(sdk_plugin, "_entry_points", scan)
+    try:
+        sdk_plugin.preset_registry({"loopback": "pycni_plugins.loopback:LoopbackPlugin"})
+        assert type(builtin_plugin("loopback")).__name__ == "LoopbackPlugin"
+        assert builtin_plugin("bridge") is None
+        assert list(sdk_plugin.builtin_plugins()) == ["loopback"]
+    finally:
+        sdk_plugin.preset_registry({})
+        monkeypatch.undo()
+    assert builtin_plugin("bridge") is not None

@@ -208,3 +208,18 @@ def test_cli_folds_a_network_by_name_and_unfolds_a_file(tmp_path, fake_plugins):
         "firewall",
         "portmap",
     ]
+
+
+def test_a_dry_run_reconcile_asks_no_exec_d_inner_plugin_as_unfolded(runtime, fake_plugins):
+    # An exec'd plugin cannot report without collecting: dry runs skip it, folded or not.
+    unfolded = conflist_from_bytes(_list(fake_plugins))
+    folded = conflist_from_bytes(fold(_list(fake_plugins)))
+    assert runtime.reconcile_network_list(folded, dry_run=True).errors == ()
+    assert runtime.reconcile_network_list(unfolded, dry_run=True).errors == ()
+    assert _calls(fake_plugins) == []
+    runtime.reconcile_network_list(folded)
+    assert [(t, env["CNI_COMMAND"]) for t, env, _ in _calls(fake_plugins)] == [
+        ("fake-a", "GC"),
+        ("fake-b", "GC"),
+        ("fake-c", "GC"),
+    ]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +51,23 @@ def test_installed_plugins_never_import_from_the_installers_cwd_or_pythonpath(tm
     script = (bindir / "loopback").read_text()
     assert str(cwd) not in script and str(extra) not in script
     assert script.startswith(f"#!{sys.executable} -IS\n")
+
+
+def test_a_shim_knows_every_built_in_class_so_its_fallback_finds_a_chains_inner_plugins(tmp_path: Path) -> None:
+    from importlib.metadata import entry_points
+
+    from pycni.sdk.plugin import ENTRY_POINT_GROUP
+    from pycni.version import SUPPORTED
+    from pycni_plugins.install import install
+
+    (shim,) = install(str(tmp_path / "bin"), ["pycni-chain"])
+    with open(shim) as f:
+        targets = ast.literal_eval(re.search(r"^TARGETS = (.*)$", f.read(), re.M).group(1))
+    assert targets == {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    folded = {"cniVersion": "1.1.0", "name": "n", "plugins": [{"type": "loopback"}, {"type": "static"}]}
+    env = {"PATH": os.environ["PATH"], "CNI_COMMAND": "VERSION", "PYCNI_DAEMON": "off"}
+    out = subprocess.run([shim], input=json.dumps(folded).encode(), env=env, capture_output=True, check=True)
+    assert json.loads(out.stdout) == {"cniVersion": SUPPORTED[-1], "supportedVersions": list(SUPPORTED)}
 
 
 @pytest.mark.privileged
