@@ -396,7 +396,8 @@ class Backend:
     name: str
     make: Callable[[Cell], Driver]
     plugin_dir: str = ""  # where its exec'd plugins are (pycni-exec, pycni-daemon)
-    socket: str = ""  # the daemon's (pycni-daemon)
+    socket: str = ""  # the daemon's (pycni-daemon, pycni-daemon-folded)
+    daemon_pid: int = 0  # the daemon's process
 
 
 def backend(
@@ -426,6 +427,7 @@ def backend(
             lambda cell: RuntimeDriver(cell, path=[shims], backend="exec", workload=w),
             shims,
             served.socket,
+            served.proc.pid,
         )
     if name in FOLDED_BACKENDS:
         # Only the chain's shim: every other plugin of the list runs inside its one exec (a type
@@ -436,7 +438,11 @@ def backend(
         shims = install_pycni_plugins(scratch, f.types[:1], socket=socket, dirname=f"{name}-shims")
         path = [shims, w.plugin_dir]
         return Backend(
-            name, lambda cell: RuntimeDriver(cell, path=path, backend="exec", workload=f), shims, socket or ""
+            name,
+            lambda cell: RuntimeDriver(cell, path=path, backend="exec", workload=f),
+            shims,
+            socket or "",
+            daemon.proc.pid if daemon else 0,
         )
     if name == "netavark":
         return Backend(name, NetavarkDriver)

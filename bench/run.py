@@ -246,10 +246,11 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
                 progress.line(f"    {name:<16} failed: {result['error']}")
                 continue
             first, last = result["points"][0], result["points"][-1]
+            served = f"; daemon {last['daemon_vm_hwm_kib'] / 1024:.1f} MiB" if "daemon_vm_hwm_kib" in last else ""
             progress.line(
                 f"    {name:<16} VmHWM {first['vm_hwm_kib'] / 1024:.1f} MiB after imports,"
                 f" {last['vm_hwm_kib'] / 1024:.1f} MiB at n={last['n']};"
-                f" largest child {last['children_maxrss_kib'] / 1024:.1f} MiB"
+                f" largest child {last['children_maxrss_kib'] / 1024:.1f} MiB{served}"
             )
 
     if "parsing" in args.sections:

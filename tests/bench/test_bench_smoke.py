@@ -50,7 +50,7 @@ def test_harness_runs_every_section_and_leaves_nothing(workdir: Path) -> None:
         "--concurrency-n", "2",
         "--concurrency-workers", "1,2",
         "--concurrency-backends", "pycni-inprocess,reference-exec,pycni-exec-folded,pycni-daemon-folded",
-        "--memory-backends", "pycni-inprocess,reference-exec,netavark,pycni-exec-folded",
+        "--memory-backends", "pycni-inprocess,reference-exec,netavark,pycni-exec-folded,pycni-daemon-folded",
         "--parse-time", "0.005",
         "--json", str(out),
     ]  # fmt: skip
@@ -85,9 +85,11 @@ def test_harness_runs_every_section_and_leaves_nothing(workdir: Path) -> None:
             assert "CHAIN_USER_ADD failed (File exists)" in c["add"]["first_error"], c
         else:
             assert c["add"]["errors"] == 0, c
-    assert {m["backend"] for m in doc["memory"]} >= {"pycni-exec-folded"}
+    assert {m["backend"] for m in doc["memory"]} >= set(drivers.FOLDED_BACKENDS)
     for m in doc["memory"]:
-        assert m["points"][-1]["vm_hwm_kib"] > 0, m
+        assert m["points"][-1]["vm_hwm_kib"] > 0 and m["errors"] == 0, m
+        if m["backend"] == "pycni-daemon-folded":  # the daemon's own peak, besides the runtime's
+            assert m["points"][-1]["daemon_vm_hwm_kib"] > 10 * 1024, m
     assert {r["version"] for r in doc["parsing"]} >= {"0.2.0", "0.4.0", "1.0.0", "1.1.0"}
 
     assert doc["cleanup"] == {"swept_namespaces": [], "temp_root_removed": True}
