@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file from anywhere
 
 from bench import drivers, shim
-from bench.run import RUN_ENV, TMPFS_ENV, in_private_tmpfs
+from bench.run import _RUN_ENV, _TMPFS_ENV, _in_private_tmpfs  # the harness's own re-exec
 from bench.session import Session, install_signal_handlers
 
 _SERVED = re.compile(r"serve: (\S+) (ADD|CHECK|DEL) \S+ ok ([\d.]+)ms")
@@ -72,11 +72,11 @@ def main() -> int:
         p.error(f"cannot split {wrong}: choose daemon backends that can run here")
     if os.geteuid() != 0:
         p.error("needs root: it creates network namespaces (and touches nothing else)")
-    if TMPFS_ENV not in os.environ:
-        return in_private_tmpfs(sys.argv[1:], script=__file__)
+    if _TMPFS_ENV not in os.environ:
+        return _in_private_tmpfs(sys.argv[1:], script=__file__)
     install_signal_handlers()
-    run_id, fd = os.environ[RUN_ENV].split(":")
-    session = Session((run_id, int(fd)), root=os.environ[TMPFS_ENV])
+    run_id, fd = os.environ[_RUN_ENV].split(":")
+    session = Session((run_id, int(fd)), root=os.environ[_TMPFS_ENV])
     try:
         for name in names:
             print("\n".join(split(session, name, args.n)), flush=True)

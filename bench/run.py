@@ -263,11 +263,11 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
             )
 
 
-TMPFS_ENV = "PYCNI_BENCH_TMPFS"
-RUN_ENV = "PYCNI_BENCH_RUN"  # "<run id>:<lock fd>" handed to the re-exec'd child
+_TMPFS_ENV = "PYCNI_BENCH_TMPFS"
+_RUN_ENV = "PYCNI_BENCH_RUN"  # "<run id>:<lock fd>" handed to the re-exec'd child
 
 
-def in_private_tmpfs(argv: list[str] | None, script: str = __file__) -> int:
+def _in_private_tmpfs(argv: list[str] | None, script: str = __file__) -> int:
     """Re-run ``script`` (this harness, or another bench tool) in a private mount namespace with a
     tmpfs for volatile state; the mount exists only there and disappears with the process."""
     run_id, lock_fd = claim_run()  # held here too, so a sweep never takes the mountpoint of a live run
@@ -286,7 +286,7 @@ def in_private_tmpfs(argv: list[str] | None, script: str = __file__) -> int:
         os.path.abspath(script),
         *(sys.argv[1:] if argv is None else argv),
     ]
-    env = dict(os.environ, **{TMPFS_ENV: mountpoint, RUN_ENV: f"{run_id}:{lock_fd}"})
+    env = dict(os.environ, **{_TMPFS_ENV: mountpoint, _RUN_ENV: f"{run_id}:{lock_fd}"})
     child = subprocess.Popen(cmd, env=env, pass_fds=(lock_fd,))
 
     def forward(signum: int, frame: object) -> None:
@@ -306,15 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench/run.py needs root: it creates network namespaces (and touches nothing else)", file=sys.stderr)
         return 2
-    if args.volatile == "tmpfs" and TMPFS_ENV not in os.environ:
-        return in_private_tmpfs(argv)
+    if args.volatile == "tmpfs" and _TMPFS_ENV not in os.environ:
+        return _in_private_tmpfs(argv)
     install_signal_handlers()
     progress = measure.Progress()
     claimed = None
-    if RUN_ENV in os.environ:
-        run_id, fd = os.environ[RUN_ENV].split(":")
+    if _RUN_ENV in os.environ:
+        run_id, fd = os.environ[_RUN_ENV].split(":")
         claimed = (run_id, int(fd))
-    session = Session(claimed, root=os.environ.get(TMPFS_ENV))
+    session = Session(claimed, root=os.environ.get(_TMPFS_ENV))
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "run_id": session.run_id,
