@@ -12,6 +12,10 @@ Backends, by name:
 * ``pycni-daemon``: the same shims, served by a ``pycni serve`` the harness starts (in a
   throwaway namespace of its own: it acts in each caller's namespaces, passed as fds).
 * ``pycni-inprocess``: pycni_plugins called in-process by the runtime.
+* ``pycni-exec-folded``, ``pycni-daemon-folded``: the folded chain (:func:`pycni.chain.fold`:
+  one ``pycni-chain`` plugin holding the list), the only shim installed being the chain's, so one
+  exec per network: without a daemon (the shim runs the whole list in its one interpreter) and
+  served by a ``pycni serve`` of their own (one request per network).
 * ``netavark``: Debian's netavark 1.4 (the Podman peer) doing the equivalent setup/teardown
   per container with the same subnet, addresses and port mapping. It has no CHECK and no IPAM
   (Podman allocates), so each container gets the address host-local would give it: .2, .3, …
@@ -19,12 +23,14 @@ Backends, by name:
 A backend that cannot run here is reported with the reason (:func:`problem`) and skipped.
 
 A user's own chain (:func:`load_workload`, ``bench/run.py --conflist``) is measured by the
-runtime backends only: ``exec`` (its plugins exec'd from a directory), ``pycni-inprocess`` and
-``pycni-exec`` (where every type in it is built into pycni).
+runtime backends only: ``exec`` (its plugins exec'd from a directory), ``pycni-inprocess``,
+``pycni-exec`` and ``pycni-daemon`` (where every type in it is built into pycni), and with
+``--fold`` the folded ones (a type not built in is exec'd by the chain from the directory).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import ipaddress
 import json
@@ -55,7 +61,9 @@ REFERENCE_DIR = "/usr/lib/cni"
 NETAVARK = "/usr/lib/podman/netavark"
 TIMEOUT = 60.0
 ALL_OPS = ("add", "check", "del")
-BACKENDS = ("reference-exec", "pycni-exec", "pycni-daemon", "pycni-inprocess", "netavark")
+#: One exec per network: the workload folded into a ``pycni-chain`` plugin.
+FOLDED_BACKENDS = ("pycni-exec-folded", "pycni-daemon-folded")
+BACKENDS = ("reference-exec", "pycni-exec", "pycni-daemon", *FOLDED_BACKENDS, "pycni-inprocess", "netavark")
 #: Not a backend under test: the same kernel objects as the built-in chain with the fewest raw
 #: pyroute2/libnftables calls (bench/floor.py), run in every latency section of the built-in chain.
 FLOOR = "floor"
@@ -169,6 +177,16 @@ def load_workload(path: str, plugin_dir: str = REFERENCE_DIR) -> Workload:
         subnet or "(no host-local range)",
         plugin_dir,
     )
+
+
+def folded(workload: Workload) -> Workload:
+    """``workload`` in its folded form: its list inside one ``pycni-chain`` plugin."""
+    from pycni.chain import CHAIN_TYPE, fold
+
+    def build(ipam_dir: str) -> bytes:
+        return fold(workload.conflist(ipam_dir))
+
+    return dataclasses.replace(workload, conflist=build, types=(CHAIN_TYPE, *workload.types))
 
 
 def _first_range(ipam: dict[str, Any]) -> dict[str, Any] | None:
@@ -354,24 +372,26 @@ def problem(name: str, workload: Workload = DEFAULT) -> str | None:
         return None
     if name == "netavark":
         return None if os.access(NETAVARK, os.X_OK) else f"{NETAVARK} missing (apt install netavark)"
-    missing = _missing_builtins()
+    missing = _missing_builtins(folded(workload).types if name in FOLDED_BACKENDS else PLUGIN_TYPES)
     if missing:
         return f"in-process plugins not available yet: {', '.join(missing)}"
-    if name in ("pycni-exec", "pycni-daemon"):
+    if name in ("pycni-exec", "pycni-daemon", *FOLDED_BACKENDS):
         try:
             import pycni_plugins.install  # noqa: F401
         except ImportError as e:
             return f"pycni_plugins.install not available yet ({e})"
-    if name == "pycni-daemon" and shutil.which("nsenter") is None:
+    if name in ("pycni-daemon", "pycni-daemon-folded") and shutil.which("nsenter") is None:
         return "nsenter missing (util-linux)"
     return None
 
 
 def _conflist_problem(name: str, workload: Workload) -> str | None:
-    if name not in CONFLIST_BACKENDS:
-        return f"not applicable to a conflist (choose from {', '.join(CONFLIST_BACKENDS)})"
-    if name == "exec":
-        missing = [t for t in workload.types if not os.access(os.path.join(workload.plugin_dir, t), os.X_OK)]
+    if name not in (*CONFLIST_BACKENDS, *FOLDED_BACKENDS):
+        return f"not applicable to a conflist (choose from {', '.join(CONFLIST_BACKENDS + FOLDED_BACKENDS)})"
+    if name in ("exec", *FOLDED_BACKENDS):
+        # The chain execs from the plugin dir what is not built into pycni, as the runtime would.
+        elsewhere = _missing_builtins(workload.types) if name in FOLDED_BACKENDS else workload.types
+        missing = [t for t in elsewhere if not os.access(os.path.join(workload.plugin_dir, t), os.X_OK)]
         return f"missing in {workload.plugin_dir}: {', '.join(missing)}" if missing else None
     missing = _missing_builtins(workload.types)
     return f"not applicable: not built into pycni: {', '.join(missing)}" if missing else None
@@ -382,7 +402,8 @@ class Backend:
     name: str
     make: Callable[[Cell], Driver]
     plugin_dir: str = ""  # where its exec'd plugins are (pycni-exec, pycni-daemon)
-    socket: str = ""  # the daemon's (pycni-daemon)
+    socket: str = ""  # the daemon's (pycni-daemon, pycni-daemon-folded)
+    daemon_pid: int = 0  # the daemon's process
 
 
 def backend(
@@ -405,16 +426,29 @@ def backend(
         plugin_dir = install_pycni_plugins(scratch, w.types)
         return Backend(name, lambda cell: RuntimeDriver(cell, path=[plugin_dir], backend="exec", workload=w))
     if name == "pycni-daemon":
-        if on_close is None:
-            raise ValueError("pycni-daemon needs a session to stop its daemon")
-        served = start_daemon(scratch)
-        on_close(served.stop)
+        served = _daemon(name, scratch, on_close)
         shims = install_pycni_plugins(scratch, w.types, socket=served.socket, dirname="pycni-shims")
         return Backend(
             name,
             lambda cell: RuntimeDriver(cell, path=[shims], backend="exec", workload=w),
             shims,
             served.socket,
+            served.proc.pid,
+        )
+    if name in FOLDED_BACKENDS:
+        # Only the chain's shim: every other plugin of the list runs inside its one exec (a type
+        # not built into pycni is exec'd by the chain from the plugin dir, after the shims).
+        f = folded(w)
+        daemon = _daemon(name, scratch, on_close) if name == "pycni-daemon-folded" else None
+        socket = daemon.socket if daemon else None
+        shims = install_pycni_plugins(scratch, f.types[:1], socket=socket, dirname=f"{name}-shims")
+        path = [shims, w.plugin_dir]
+        return Backend(
+            name,
+            lambda cell: RuntimeDriver(cell, path=path, backend="exec", workload=f),
+            shims,
+            socket or "",
+            daemon.proc.pid if daemon else 0,
         )
     if name == "netavark":
         return Backend(name, NetavarkDriver)
@@ -443,15 +477,15 @@ def install_pycni_plugins(
 
 
 class Served:
-    """A ``pycni serve`` in a throwaway namespace of its own, its socket under ``scratch``."""
+    """A ``pycni serve`` in a throwaway namespace of its own, its socket under ``scratch/dirname``."""
 
-    def __init__(self, scratch: str) -> None:
+    def __init__(self, scratch: str, dirname: str) -> None:
         from pycni_plugins.serve.sockets import check
 
-        self.dir = os.path.join(scratch, "daemon")
+        self.dir = os.path.join(scratch, dirname)
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
         self.socket = os.path.join(self.dir, "pycni.sock")
-        self.ns = netns.Throwaway(name=f"{os.path.basename(scratch.rstrip('/'))}-daemon")
+        self.ns = netns.Throwaway(name=f"{os.path.basename(scratch.rstrip('/'))}-{dirname}")
         self.ns.__enter__()
         self.log = open(os.path.join(self.dir, "serve.log"), "wb")
         argv = ["nsenter", f"--net={self.ns.path}", sys.executable, "-m", "pycni.cli", "serve", "--socket", self.socket]
@@ -476,5 +510,10 @@ class Served:
         self.ns.__exit__(None, None, None)
 
 
-def start_daemon(scratch: str) -> Served:
-    return Served(scratch)
+def _daemon(name: str, scratch: str, on_close: Callable[[Callable[[], None]], None] | None) -> Served:
+    """A daemon of the backend's own, stopped when the session closes."""
+    if on_close is None:
+        raise ValueError(f"{name} needs a session to stop its daemon")
+    served = Served(scratch, name)
+    on_close(served.stop)
+    return served

@@ -4,8 +4,9 @@ The parent (:func:`measure`) makes the cell (namespaces, work dir) and starts
 ``python -m bench.memory SPEC`` with the cell's paths; the child imports only what its backend
 needs, ADDs the containers one by one, and at each checkpoint N reports its own ``VmHWM``
 (peak RSS) and ``VmRSS`` from /proc/self/status, plus ``ru_maxrss`` of its largest finished
-child process (the exec'd plugins, or netavark). It does not DEL: the cell's namespaces and
-files are removed by the parent, which takes every rule, link and lease with them.
+child process (the exec'd plugins, or netavark), and for a daemon backend the daemon's own
+``VmHWM``/``VmRSS`` (a daemon of the child's, stopped when it ends). It does not DEL: the cell's
+namespaces and files are removed by the parent, which takes every rule, link and lease with them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -27,7 +30,10 @@ CHILD_TIMEOUT = 3600.0
 def measure(backend: str, checkpoints: list[int], session: Session) -> dict[str, Any]:
     n = max(checkpoints)
     with session.cell(f"{backend}-mem", n) as cell:
-        spec = {"backend": backend, "cell": asdict(cell), "checkpoints": checkpoints, "scratch": session.root}
+        # A scratch of its own (a daemon backend's socket and shims), named so a sweep finds
+        # its daemon's namespace: the parent's daemons may still be running in session.root.
+        scratch = tempfile.mkdtemp(prefix=f"{session.prefix}m", dir=session.root)
+        spec = {"backend": backend, "cell": asdict(cell), "checkpoints": checkpoints, "scratch": scratch}
         spec_path = os.path.join(cell.dir, "memory-spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -50,21 +56,25 @@ def measure(backend: str, checkpoints: list[int], session: Session) -> dict[str,
     return report
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
+def _status_kib(field: str, pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith(f"{field}:"):
                 return int(line.split()[1])
     raise KeyError(field)
 
 
-def _point(n: int) -> dict[str, int]:
-    return {
+def _point(n: int, daemon_pid: int) -> dict[str, int]:
+    point = {
         "n": n,
         "vm_hwm_kib": _status_kib("VmHWM"),
         "vm_rss_kib": _status_kib("VmRSS"),
         "children_maxrss_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
     }
+    if daemon_pid:
+        point["daemon_vm_hwm_kib"] = _status_kib("VmHWM", daemon_pid)
+        point["daemon_vm_rss_kib"] = _status_kib("VmRSS", daemon_pid)
+    return point
 
 
 def child(spec_path: str) -> dict[str, Any]:
@@ -73,18 +83,24 @@ def child(spec_path: str) -> dict[str, Any]:
     with open(spec_path) as f:
         spec = json.load(f)
     cell = Cell(**{**spec["cell"], "containers": tuple(spec["cell"]["containers"])})
-    driver = backend(spec["backend"], spec["scratch"]).make(cell)
-    checkpoints = set(spec["checkpoints"])
-    points = [_point(0)]
-    errors, first = 0, None
-    for i in range(len(cell.containers)):
-        try:
-            driver.add(i)
-        except FAILURES as e:
-            errors += 1
-            first = first or f"container {i}: {e}"
-        if i + 1 in checkpoints:
-            points.append(_point(i + 1))
+    closers: list[Callable[[], None]] = []
+    try:
+        made = backend(spec["backend"], spec["scratch"], closers.append)
+        driver = made.make(cell)
+        checkpoints = set(spec["checkpoints"])
+        points = [_point(0, made.daemon_pid)]
+        errors, first = 0, None
+        for i in range(len(cell.containers)):
+            try:
+                driver.add(i)
+            except FAILURES as e:
+                errors += 1
+                first = first or f"container {i}: {e}"
+            if i + 1 in checkpoints:
+                points.append(_point(i + 1, made.daemon_pid))
+    finally:
+        for close in reversed(closers):
+            close()
     return {"backend": spec["backend"], "points": points, "errors": errors, "first_error": first}
 
 

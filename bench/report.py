@@ -241,13 +241,14 @@ def _memory(doc: dict[str, Any]) -> list[str]:
         "## Memory",
         "",
         "A fresh interpreter per backend ADDs the containers; VmHWM = its peak RSS (n=0: after imports, "
-        "before the first ADD), largest child = `ru_maxrss` of its biggest exec'd process.",
+        "before the first ADD), largest child = `ru_maxrss` of its biggest exec'd process, daemon = the "
+        "VmHWM of the `pycni serve` a daemon backend talks to.",
         "",
     ]
     body = []
     for m in doc["memory"]:
         if "error" in m:
-            body.append((m["backend"], "–", m["error"], "", "", ""))
+            body.append((m["backend"], "–", m["error"], "", "", "", ""))
             continue
         for p in m["points"]:
             body.append(
@@ -257,10 +258,12 @@ def _memory(doc: dict[str, Any]) -> list[str]:
                     f"{p['vm_hwm_kib'] / 1024:.1f}",
                     f"{p['vm_rss_kib'] / 1024:.1f}",
                     f"{p['children_maxrss_kib'] / 1024:.1f}",
+                    f"{p['daemon_vm_hwm_kib'] / 1024:.1f}" if "daemon_vm_hwm_kib" in p else "",
                     m["errors"] if p is m["points"][-1] and m["errors"] else "",
                 )
             )
-    return out + _table(("backend", "N", "VmHWM MiB", "VmRSS MiB", "largest child MiB", "ADD errors"), body)
+    header = ("backend", "N", "VmHWM MiB", "VmRSS MiB", "largest child MiB", "daemon VmHWM MiB", "ADD errors")
+    return out + _table(header, body)
 
 
 def _parsing(doc: dict[str, Any]) -> list[str]:

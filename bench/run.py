@@ -16,7 +16,8 @@ one untimed-in-the-table warm-up cell per backend runs first.
 
 ``--conflist FILE [--plugin-dir DIR]`` measures your own chain instead of the built-in one
 (sections latency, concurrency, parsing): exec'd from DIR (backend ``exec``), and with pycni's
-plugins in-process or exec'd where every type in it is built into pycni.
+plugins in-process or exec'd where every type in it is built into pycni. ``--fold`` adds its
+folded form (one ``pycni-chain`` exec per network), without and with a daemon.
 """
 
 from __future__ import annotations
@@ -69,12 +70,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="N in 1,10,100 (overrides --n)")
     p.add_argument("--n", type=_ints, default=[1, 10, 100, 1000], help="containers per cell (default 1,10,100,1000)")
     every = tuple(dict.fromkeys(drivers.BACKENDS + drivers.CONFLIST_BACKENDS))
+    folded = ",".join(drivers.FOLDED_BACKENDS)
     p.add_argument(
         "--backends",
         type=_names(every),
-        help=f"default {','.join(drivers.BACKENDS)}; with --conflist {','.join(drivers.CONFLIST_BACKENDS)}",
+        help=f"default {','.join(drivers.BACKENDS)}; with --conflist {','.join(drivers.CONFLIST_BACKENDS)}"
+        f" (and {folded} with --fold)",
     )
     p.add_argument("--conflist", metavar="FILE", help="measure this conflist instead of the built-in chain")
+    p.add_argument("--fold", action="store_true", help=f"with --conflist: measure its folded form too ({folded})")
     p.add_argument(
         "--plugin-dir",
         default=drivers.REFERENCE_DIR,
@@ -128,6 +132,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.n = [1, 10, 100]
     args.workload = drivers.DEFAULT
+    if args.fold and not args.conflist:
+        p.error(f"--fold is for --conflist (the built-in chain's folded backends are {folded})")
     if args.conflist:
         try:
             args.workload = drivers.load_workload(args.conflist, args.plugin_dir)
@@ -138,7 +144,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             only = ",".join(CONFLIST_SECTIONS)
             p.error(f"--sections {','.join(wrong)}: these measure the built-in chain (with --conflist: {only})")
     defaults: tuple[tuple[str, ...], tuple[str, ...], list[str]]
-    defaults = (drivers.CONFLIST_BACKENDS, CONFLIST_SECTIONS, ["exec", "pycni-inprocess"])
+    conflist_backends = drivers.CONFLIST_BACKENDS + (drivers.FOLDED_BACKENDS if args.fold else ())
+    defaults = (conflist_backends, CONFLIST_SECTIONS, ["exec", "pycni-inprocess"])
     if not args.conflist:
         defaults = (drivers.BACKENDS, SECTIONS, ["pycni-inprocess", "reference-exec"])
     args.backends = args.backends or list(defaults[0])
@@ -246,10 +253,11 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
                 progress.line(f"    {name:<16} failed: {result['error']}")
                 continue
             first, last = result["points"][0], result["points"][-1]
+            served = f"; daemon {last['daemon_vm_hwm_kib'] / 1024:.1f} MiB" if "daemon_vm_hwm_kib" in last else ""
             progress.line(
                 f"    {name:<16} VmHWM {first['vm_hwm_kib'] / 1024:.1f} MiB after imports,"
                 f" {last['vm_hwm_kib'] / 1024:.1f} MiB at n={last['n']};"
-                f" largest child {last['children_maxrss_kib'] / 1024:.1f} MiB"
+                f" largest child {last['children_maxrss_kib'] / 1024:.1f} MiB{served}"
             )
 
     if "parsing" in args.sections:
@@ -285,12 +293,12 @@ _TMPFS_ENV = "PYCNI_BENCH_TMPFS"
 _RUN_ENV = "PYCNI_BENCH_RUN"  # "<run id>:<lock fd>" handed to the re-exec'd child
 
 
-def _in_private_tmpfs(argv: list[str] | None) -> int:
-    """Re-run this harness in a private mount namespace with a tmpfs for volatile state; the mount
-    exists only there and disappears with the process."""
+def _in_private_tmpfs(argv: list[str] | None, script: str = __file__) -> int:
+    """Re-run ``script`` (this harness, or another bench tool) in a private mount namespace with a
+    tmpfs for volatile state; the mount exists only there and disappears with the process."""
     run_id, lock_fd = claim_run()  # held here too, so a sweep never takes the mountpoint of a live run
     mountpoint = tempfile.mkdtemp(prefix=f"{PREFIX}{run_id}-tmpfs-")
-    script = 'mount -t tmpfs -o mode=0700 pycni-bench "$0" && exec "$@"'
+    mount_then_exec = 'mount -t tmpfs -o mode=0700 pycni-bench "$0" && exec "$@"'
     cmd = [
         "unshare",
         "--mount",
@@ -298,10 +306,10 @@ def _in_private_tmpfs(argv: list[str] | None) -> int:
         "private",
         "sh",
         "-c",
-        script,
+        mount_then_exec,
         mountpoint,
         sys.executable,
-        os.path.abspath(__file__),
+        os.path.abspath(script),
         *(sys.argv[1:] if argv is None else argv),
     ]
     env = dict(os.environ, **{_TMPFS_ENV: mountpoint, _RUN_ENV: f"{run_id}:{lock_fd}"})
@@ -347,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             "chain": list(args.workload.chain),
             "subnet": args.workload.subnet,
             "conflist": os.path.abspath(args.conflist) if args.conflist else None,
+            "fold": args.fold,
             "plugin_dir": args.plugin_dir if args.conflist else None,
             "reference_backend": "exec" if args.conflist else "reference-exec",
             "host_port_base": drivers.HOST_PORT_BASE,

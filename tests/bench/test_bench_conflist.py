@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import drivers
 from bench.session import namespaces_with_prefix
 from pycni.sdk import builtin_plugin
 
@@ -80,16 +81,39 @@ def test_a_users_conflist_is_measured_exec_and_in_process(workdir: Path) -> None
     assert png.read_bytes().startswith(b"\x89PNG")
 
 
+def test_fold_measures_the_folded_conflist_through_one_exec_with_and_without_a_daemon(workdir: Path) -> None:
+    folded = "pycni-exec-folded,pycni-daemon-folded"
+    _, doc = _bench(workdir, CONFLIST, "--fold", "--n", "1", "--sections", "latency", "--backends", f"exec,{folded}")
+    assert doc["config"]["fold"] is True and doc["skipped"] == {}
+    for name in ("pycni-exec-folded", "pycni-daemon-folded"):
+        rows = {r["op"]: r for r in doc["rows"] if r["backend"] == name}
+        assert set(rows) == {"add", "check", "del"}, name
+        assert [r["first_error"] for r in rows.values() if r["errors"]] == [], name
+        (cell,) = [cell for cell in doc["cells"] if cell["backend"] == name]
+        assert cell["first_packet"]["ok"], (name, cell["first_packet"])
+        after_del = cell["rules_after_del"]["tables"].values()
+        left = {name for table in after_del for name in table.get("elements_by_set", {})}
+        assert left <= {"epoch"}, (name, left)  # the table's own marker, no container's element
+    assert not namespaces_with_prefix(doc["config"]["namespace_prefix"])
+
+
 def test_a_type_pycni_lacks_makes_its_backends_not_applicable(workdir: Path) -> None:
     # dhcp is the one reference plugin pycni leaves out (it needs its own daemon).
     chain = {**CONFLIST, "plugins": [*CONFLIST["plugins"], {"type": "dhcp"}]}
-    _, doc = _bench(workdir, chain, "--sections", "parsing", "--parse-time", "0.002")
+    _, doc = _bench(workdir, chain, "--fold", "--sections", "parsing", "--parse-time", "0.002")
     assert builtin_plugin("dhcp") is None
+    # Folded, the chain execs what pycni lacks from the plugin dir, as the runtime would.
+    assert doc["config"]["backends"][-2:] == ["pycni-exec-folded", "pycni-daemon-folded"]
     assert doc["skipped"] == {
         "pycni-inprocess": "not applicable: not built into pycni: dhcp",
         "pycni-exec": "not applicable: not built into pycni: dhcp",
         "pycni-daemon": "not applicable: not built into pycni: dhcp",
     }
+    empty = workdir / "no-plugins"
+    empty.mkdir()
+    workload = drivers.load_workload(str(workdir / "net.conflist"), str(empty))
+    for name in drivers.FOLDED_BACKENDS:
+        assert drivers.problem(name, workload) == f"missing in {empty}: dhcp"
 
 
 @pytest.mark.parametrize(
@@ -101,6 +125,7 @@ def test_a_type_pycni_lacks_makes_its_backends_not_applicable(workdir: Path) -> 
             ["--conflist", "bench/examples/podman-default.conflist", "--sections", "memory"],
             "--sections memory: these measure the built-in chain",
         ),
+        (["--fold"], "--fold is for --conflist"),
     ],
 )
 def test_bad_conflist_arguments_are_one_line_usage_errors(args: list[str], message: str) -> None:

@@ -38,7 +38,7 @@ def workdir() -> Iterator[Path]:
 
 def test_harness_runs_every_section_and_leaves_nothing(workdir: Path) -> None:
     names = [n for n in drivers.BACKENDS if drivers.problem(n) is None]
-    assert "reference-exec" in names
+    assert {"reference-exec", *drivers.FOLDED_BACKENDS} <= set(names)
     out = workdir / "bench.json"
     argv = [
         sys.executable,
@@ -49,10 +49,12 @@ def test_harness_runs_every_section_and_leaves_nothing(workdir: Path) -> None:
         "--shim-samples", "3",
         "--concurrency-n", "2",
         "--concurrency-workers", "1,2",
+        "--concurrency-backends", "pycni-inprocess,reference-exec,pycni-exec-folded,pycni-daemon-folded",
+        "--memory-backends", "pycni-inprocess,reference-exec,netavark,pycni-exec-folded,pycni-daemon-folded",
         "--parse-time", "0.005",
         "--json", str(out),
     ]  # fmt: skip
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
 
@@ -73,7 +75,8 @@ def test_harness_runs_every_section_and_leaves_nothing(workdir: Path) -> None:
     assert doc["overhead"]["samples"] == 2 and "p50_ms" in doc["overhead"]["accounted"]
     if "pycni-daemon" in names:
         assert doc["shim"]["samples"] == 3 and doc["shim"]["startup"]["p50_ms"] > 0
-    assert {(c["backend"], c["workers"]) for c in doc["concurrency"]} >= {("reference-exec", 1), ("reference-exec", 2)}
+    ran = {(c["backend"], c["workers"]) for c in doc["concurrency"]}
+    assert ran >= {(b, w) for b in ("reference-exec", *drivers.FOLDED_BACKENDS) for w in (1, 2)}, ran
     for c in doc["concurrency"]:
         assert c["add"]["distinct_addresses"], c
         if c["add"]["errors"] and c["backend"] == "reference-exec":
@@ -82,8 +85,11 @@ def test_harness_runs_every_section_and_leaves_nothing(workdir: Path) -> None:
             assert "CHAIN_USER_ADD failed (File exists)" in c["add"]["first_error"], c
         else:
             assert c["add"]["errors"] == 0, c
+    assert {m["backend"] for m in doc["memory"]} >= set(drivers.FOLDED_BACKENDS)
     for m in doc["memory"]:
-        assert m["points"][-1]["vm_hwm_kib"] > 0, m
+        assert m["points"][-1]["vm_hwm_kib"] > 0 and m["errors"] == 0, m
+        if m["backend"] == "pycni-daemon-folded":  # the daemon's own peak, besides the runtime's
+            assert m["points"][-1]["daemon_vm_hwm_kib"] > 10 * 1024, m
     assert {r["version"] for r in doc["parsing"]} >= {"0.2.0", "0.4.0", "1.0.0", "1.1.0"}
 
     assert doc["cleanup"] == {"swept_namespaces": [], "temp_root_removed": True}

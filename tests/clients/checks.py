@@ -8,6 +8,7 @@ import re
 import time
 from typing import Any
 
+from pycni.chain import fold
 from pycni.testing import probes
 
 from .sandbox import Interactive, Sandbox
@@ -15,8 +16,11 @@ from .sandbox import Interactive, Sandbox
 __all__ = ["write_conflist", "check_attached", "settled_leftovers"]
 
 
-def write_conflist(sandbox: Sandbox, name: str, bridge: str, subnet: str, gateway: str) -> None:
-    """A podman-style bridge network (bridge + host-local, portmap, firewall) in the conf dir."""
+def write_conflist(
+    sandbox: Sandbox, name: str, bridge: str, subnet: str, gateway: str, *, folded: bool = False
+) -> None:
+    """A podman-style bridge network (bridge + host-local, portmap, firewall) in the conf dir,
+    ``folded`` into one ``pycni-chain`` plugin or as a plain list."""
     conflist = {
         "cniVersion": "1.0.0",
         "name": name,
@@ -37,7 +41,8 @@ def write_conflist(sandbox: Sandbox, name: str, bridge: str, subnet: str, gatewa
             {"type": "firewall"},
         ],
     }
-    (sandbox.conf_dir / f"10-{name}.conflist").write_text(json.dumps(conflist, indent=2))
+    data = json.dumps(conflist, indent=2).encode()
+    (sandbox.conf_dir / f"10-{name}.conflist").write_bytes(fold(data) if folded else data)
 
 
 def check_attached(sandbox: Sandbox, subnet: str, gateway: str, *running: Interactive) -> list[dict[str, str]]:

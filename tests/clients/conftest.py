@@ -10,6 +10,9 @@ of three modes, a fixture parameter:
 * ``daemon-stopped``: the daemon was started and stopped (socket removed): the shims fall back
   to running the plugin themselves.
 * ``daemon-off``: ``PYCNI_DAEMON=off``, the shims run the plugin themselves without asking.
+
+A folded test (:meth:`Plugins.fold`) leaves only the ``pycni-chain`` shim in the dir, so a client
+that exec'd any other plugin would fail: one exec per network, in every mode.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import attrs
 import pytest
 
 from pycni import netns
+from pycni.chain import CHAIN_TYPE
 from tests.conftest import REQUIRE_PRIVILEGED, TEST_NS_PREFIX
 from tests.helpers import kernel
 
@@ -38,11 +42,23 @@ PLUGIN_MODES = ["daemon-running", "daemon-stopped", "daemon-off"]
 _SERVE = [sys.executable, "-m", "pycni.cli", "serve"]
 
 
+# What the daemon must have served (type, command) for the clients' unfolded networks.
+_UNFOLDED_SERVED = frozenset({("bridge", "ADD"), ("bridge", "DEL"), ("firewall", "ADD"), ("firewall", "DEL")})
+
+
 @attrs.define
 class Plugins:
     mode: str
     dir: Path
     serve_log: Path | None = None
+    folded: bool = False
+
+    def fold(self) -> None:
+        """Keep only the chain plugin's shim: the clients may exec nothing else."""
+        for shim in self.dir.iterdir():
+            if shim.name != CHAIN_TYPE:
+                shim.unlink()
+        self.folded = True
 
     def attach(self, sandbox: Sandbox) -> None:
         """Set the mode up inside the sandbox before any client runs."""
@@ -77,7 +93,10 @@ class Plugins:
         # "<type> <command> <container id> <outcome> <ms>ms"; "- - - ping" is the --check probe
         requests = [line.split(" ", 3) for line in served if line.endswith("ms") and not line.startswith("- ")]
         commands = {(r[0], r[1]) for r in requests}
-        assert {("bridge", "ADD"), ("bridge", "DEL"), ("firewall", "ADD"), ("firewall", "DEL")} <= commands, served
+        if self.folded:  # one request per network and operation: the whole list ran inside it
+            assert {r[0] for r in requests} == {CHAIN_TYPE} and {"ADD", "DEL"} <= {r[1] for r in requests}, served
+        else:
+            assert _UNFOLDED_SERVED <= commands, served
         assert [r for r in requests if not r[3].startswith("ok ")] == []
 
 
