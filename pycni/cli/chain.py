@@ -7,8 +7,8 @@ import os
 
 import click
 
-from .. import config
 from ..errors import ConfigError
+from .runtime_commands import conf_dir_option, load_network
 
 __all__ = ["fold", "unfold"]
 
@@ -19,8 +19,6 @@ def _source(network: str, conf_dir: str) -> tuple[bytes, str]:
     if os.path.exists(network):
         path = network
     else:
-        from .runtime_commands import load_network
-
         path = load_network(conf_dir, network).source
         if not os.path.isfile(path):
             raise ConfigError(f'network "{network}" has no file to fold (it is {path})')
@@ -34,25 +32,24 @@ def _write(data: bytes, out: str | None) -> None:
     if out is None:
         click.echo(data, nl=False)
         return
-    partial = f"{out}.pycni-partial"
-    with open(partial, "wb") as f:
-        f.write(data)
-    os.replace(partial, out)
+    from .._fs import write_atomic
+
+    try:
+        dir_fd = os.open(os.path.dirname(os.path.abspath(out)), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            write_atomic(dir_fd, os.path.basename(out), data, mode=0o644)
+        finally:
+            os.close(dir_fd)
+    except OSError as e:
+        raise click.FileError(out, e.strerror) from None
 
 
-_conf_dir = click.option(
-    "--conf-dir",
-    envvar="NETCONFPATH",
-    default=config.DEFAULT_CONF_DIR,
-    show_default=True,
-    help="Network configuration directory, for NETWORK by name [$NETCONFPATH].",
-)
 _out = click.option("-o", "--output", "out", type=click.Path(dir_okay=False), help="Write here instead of stdout.")
 
 
 @click.command(name="fold")
 @click.argument("network")
-@_conf_dir
+@conf_dir_option
 @_out
 @click.option("--best-effort-del", is_flag=True, help="DEL runs every inner plugin and reports every failure.")
 def fold(network: str, conf_dir: str, out: str | None, best_effort_del: bool) -> None:
@@ -66,7 +63,7 @@ def fold(network: str, conf_dir: str, out: str | None, best_effort_del: bool) ->
 
 @click.command(name="unfold")
 @click.argument("network")
-@_conf_dir
+@conf_dir_option
 @_out
 def unfold(network: str, conf_dir: str, out: str | None) -> None:
     """Print a folded NETWORK (a name in the conf dir, or a file) as the list it came from."""
