@@ -4,7 +4,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="iproute2 nftables python3-nftables python3-venv iptables containernetworking-plugins netavark procps podman containerd runc busybox-static firewalld python3-jeepney"
+APT_PACKAGES="iproute2 nftables python3-nftables python3-venv iptables containernetworking-plugins netavark procps podman containerd runc busybox-static firewalld python3-jeepney iperf3 gcc libc6-dev"
 
 # No package install may start a service on this machine (firewalld, containerd, ...): the
 # tests run every daemon inside their own namespaces. invoke-rc.d asks policy-rc.d; 101 = refuse.
