@@ -2,7 +2,8 @@
 
 Per backend × N, one cell (a throwaway host namespace and N container namespaces) with every
 container ADDed (not timed), plus an "outside" namespace joined to the host namespace by a
-veth (host 198.19.255.1/24, outside .2). Then, each for ``seconds``:
+veth (host 198.19.255.1/24, outside .2). Then, each for ``seconds``, ``repeat`` times (the
+median is reported, every run kept in ``runs``):
 
 * ``host_port``: new TCP connections per second from the outside namespace to the *last*
   container's published host port on the host's address (198.19.255.1:20000+N-1): the DNAT path
@@ -132,11 +133,24 @@ def _iperf(ns: str, addr: str, seconds: float) -> dict[str, Any]:
     return {"bits_per_s": round(received["bits_per_second"]), "seconds": round(received["seconds"], 3)}
 
 
+def _median(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """The run with the median ``key`` (the lower middle one of an even count), with every run's value."""
+    ordered = sorted(runs, key=lambda r: r[key])
+    return {**ordered[(len(ordered) - 1) // 2], "runs": [r[key] for r in runs]}
+
+
 def cell(
-    backend: Backend, n: int, binary: str, seconds: float, workers: int, session: Session, progress: Progress
+    backend: Backend,
+    n: int,
+    binary: str,
+    seconds: float,
+    workers: int,
+    repeat: int,
+    session: Session,
+    progress: Progress,
 ) -> dict[str, Any]:
     """One backend at one N: the three measurements, the ADD count and the firewall state."""
-    row: dict[str, Any] = {"backend": backend.name, "n": n, "seconds": seconds, "workers": workers}
+    row: dict[str, Any] = {"backend": backend.name, "n": n, "seconds": seconds, "workers": workers, "repeat": repeat}
     with session.cell(f"{backend.name}-dp-n{n}", n) as c, netns.Throwaway(name=f"{session.prefix}dp-outside") as out:
         driver = backend.make(c)
         results = []
@@ -156,11 +170,15 @@ def cell(
         row["bridge_nf_call_iptables"] = netns.run_in(c.host, _bridge_nf)
         _wire_outside(c.host, out.path)
         server = c.containers[-1]
-        with _server(_in(server, [binary, "server", str(CONTAINER_PORT)]), "listening"):
-            row["host_port"] = _connrate(binary, out.path, HOST_ADDR, host_port(n - 1), seconds, workers)
-            row["c2c_conn"] = _connrate(binary, c.containers[0], last, CONTAINER_PORT, seconds, workers)
-        with _server(_in(server, ["iperf3", "-s", "-1", "--forceflush", "-p", str(IPERF_PORT)]), "listening"):
-            row["c2c_throughput"] = _iperf(c.containers[0], last, seconds)
+        runs: dict[str, list[dict[str, Any]]] = {"host_port": [], "c2c_conn": [], "c2c_throughput": []}
+        for _ in range(repeat):
+            with _server(_in(server, [binary, "server", str(CONTAINER_PORT)]), "listening"):
+                runs["host_port"].append(_connrate(binary, out.path, HOST_ADDR, host_port(n - 1), seconds, workers))
+                runs["c2c_conn"].append(_connrate(binary, c.containers[0], last, CONTAINER_PORT, seconds, workers))
+            with _server(_in(server, ["iperf3", "-s", "-1", "--forceflush", "-p", str(IPERF_PORT)]), "listening"):
+                runs["c2c_throughput"].append(_iperf(c.containers[0], last, seconds))
+        for kind, key in (("host_port", "per_s"), ("c2c_conn", "per_s"), ("c2c_throughput", "bits_per_s")):
+            row[kind] = _median(runs[kind], key)
         row["from"], row["to"] = first, last
     progress.line(
         f"    {backend.name:<16} n={n:<5} host port {row['host_port']['per_s']:>9,.0f} conn/s"

@@ -291,7 +291,8 @@ def _dataplane(doc: dict[str, Any]) -> list[str]:
         "## Data plane",
         "",
         "Every container ADDed, then for "
-        f"{rows[0]['seconds']:g} s each ({rows[0]['workers']} generator processes): new TCP connections per second "
+        f"{rows[0]['seconds']:g} s each ({rows[0]['workers']} generator processes; median of"
+        f" {rows[0].get('repeat', 1)} runs): new TCP connections per second "
         "from an outside namespace to the last container's published host port (the DNAT path), and from "
         "container 0 to container N-1 across the bridge (bridged traffic traverses the host's firewall hooks: "
         "`bridge-nf-call-iptables` column); iperf3 TCP throughput container 0 → N-1. `×N₀` = the rate / the same "

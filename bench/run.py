@@ -100,6 +100,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--dataplane-seconds", type=float, default=3.0, metavar="S", help="per measurement")
     p.add_argument("--dataplane-workers", type=int, default=2, metavar="W", help="connection generator processes")
+    p.add_argument("--dataplane-repeat", type=int, default=3, metavar="R", help="runs per measurement (median kept)")
     p.add_argument("--overhead-samples", type=int, default=20, metavar="K")
     p.add_argument("--shim-samples", type=int, default=200, metavar="K", help="execs per shim measurement")
     p.add_argument("--concurrency-n", type=int, default=100, metavar="N")
@@ -285,6 +286,7 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
                                 binary,
                                 args.dataplane_seconds,
                                 args.dataplane_workers,
+                                args.dataplane_repeat,
                                 session,
                                 progress,
                             )

@@ -100,6 +100,7 @@ def test_dataplane_section_measures_positive_rates_for_pycni_and_leaves_nothing(
         "--sections", "dataplane",
         "--dataplane-n", "2,4",
         "--dataplane-seconds", "1",
+        "--dataplane-repeat", "2",
         "--json", str(out),
     ]  # fmt: skip
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=180)
@@ -110,7 +111,8 @@ def test_dataplane_section_measures_positive_rates_for_pycni_and_leaves_nothing(
         assert "error" not in row, row
         for kind in ("host_port", "c2c_conn"):
             assert row[kind]["per_s"] > 0 and row[kind]["connections"] > 0, row
-        assert row["c2c_throughput"]["bits_per_s"] > 0
+            assert len(row[kind]["runs"]) == 2 and min(row[kind]["runs"]) == row[kind]["per_s"]
+        assert row["c2c_throughput"]["bits_per_s"] > 0 and len(row["c2c_throughput"]["runs"]) == 2
         assert row["first_packet_rules"] == 3  # pycni's DNAT is a map lookup whatever N
         assert row["to"] == drivers.expected_address(row["n"] - 1)
     assert doc["cleanup"] == {"swept_namespaces": [], "temp_root_removed": True}
