@@ -8,10 +8,12 @@ median is reported, every run kept in ``runs``):
 * ``host_port``: new TCP connections per second from the outside namespace to the *last*
   container's published host port on the host's address (198.19.255.1:20000+N-1): the DNAT path
   through portmap's rules, where a linear chain walks the most rules;
-* ``c2c_conn``: new TCP connections per second from container 0 to container N-1's port 80,
+* ``c2c_conn``: new TCP connections per second from container N-1 to container 0's port 80,
   across the bridge (bridged IPv4 traverses the host's iptables/nftables hooks: br_netfilter's
-  ``bridge-nf-call-iptables``, recorded per cell, is 1 in a new namespace on this kernel);
-* ``c2c_throughput``: iperf3 TCP throughput from container 0 to container N-1.
+  ``bridge-nf-call-iptables``, recorded per cell, is 1 in a new namespace on this kernel). The
+  newest container is the client: per-container forward rules appended in ADD order (the Go
+  firewall plugin's) put its ``-s``/``-d`` accepts last, so every packet walks all of them;
+* ``c2c_throughput``: iperf3 TCP throughput from container N-1 to container 0.
 
 The connection generator is ``connrate.c`` (compiled here with gcc: Debian packages no tool that
 makes complete short-lived connections and reports their rate): ``workers`` processes that each
@@ -169,17 +171,18 @@ def cell(
         row["first_packet_rules"] = walk.get("rules_evaluated")
         row["bridge_nf_call_iptables"] = netns.run_in(c.host, _bridge_nf)
         _wire_outside(c.host, out.path)
-        server = c.containers[-1]
+        oldest, newest = c.containers[0], c.containers[-1]
         runs: dict[str, list[dict[str, Any]]] = {"host_port": [], "c2c_conn": [], "c2c_throughput": []}
         for _ in range(repeat):
-            with _server(_in(server, [binary, "server", str(CONTAINER_PORT)]), "listening"):
+            with _server(_in(newest, [binary, "server", str(CONTAINER_PORT)]), "listening"):
                 runs["host_port"].append(_connrate(binary, out.path, HOST_ADDR, host_port(n - 1), seconds, workers))
-                runs["c2c_conn"].append(_connrate(binary, c.containers[0], last, CONTAINER_PORT, seconds, workers))
-            with _server(_in(server, ["iperf3", "-s", "-1", "--forceflush", "-p", str(IPERF_PORT)]), "listening"):
-                runs["c2c_throughput"].append(_iperf(c.containers[0], last, seconds))
+            with _server(_in(oldest, [binary, "server", str(CONTAINER_PORT)]), "listening"):
+                runs["c2c_conn"].append(_connrate(binary, newest, first, CONTAINER_PORT, seconds, workers))
+            with _server(_in(oldest, ["iperf3", "-s", "-1", "--forceflush", "-p", str(IPERF_PORT)]), "listening"):
+                runs["c2c_throughput"].append(_iperf(newest, first, seconds))
         for kind, key in (("host_port", "per_s"), ("c2c_conn", "per_s"), ("c2c_throughput", "bits_per_s")):
             row[kind] = _median(runs[kind], key)
-        row["from"], row["to"] = first, last
+        row["from"], row["to"] = last, first  # container to container
     progress.line(
         f"    {backend.name:<16} n={n:<5} host port {row['host_port']['per_s']:>9,.0f} conn/s"
         f" (failures {row['host_port']['failures']}); c2c {row['c2c_conn']['per_s']:>9,.0f} conn/s,"

@@ -278,8 +278,8 @@ def _parsing(doc: dict[str, Any]) -> list[str]:
 
 DATAPLANE = (
     ("host_port", "per_s", "conn/s to a host port (outside → DNAT → last container)"),
-    ("c2c_conn", "per_s", "conn/s container 0 → N-1 across the bridge"),
-    ("c2c_throughput", "bits_per_s", "throughput container 0 → N-1 (iperf3)"),
+    ("c2c_conn", "per_s", "conn/s container N-1 → 0 across the bridge"),
+    ("c2c_throughput", "bits_per_s", "throughput container N-1 → 0 (iperf3)"),
 )
 
 
@@ -294,9 +294,10 @@ def _dataplane(doc: dict[str, Any]) -> list[str]:
         f"{rows[0]['seconds']:g} s each ({rows[0]['workers']} generator processes; median of"
         f" {rows[0].get('repeat', 1)} runs): new TCP connections per second "
         "from an outside namespace to the last container's published host port (the DNAT path), and from "
-        "container 0 to container N-1 across the bridge (bridged traffic traverses the host's firewall hooks: "
-        "`bridge-nf-call-iptables` column); iperf3 TCP throughput container 0 → N-1. `×N₀` = the rate / the same "
-        "backend's rate at the smallest N; first packet = rules the DNAT walk evaluates (see the firewall table).",
+        "the newest container (N-1) to the oldest (0) across the bridge (bridged traffic traverses the host's "
+        "firewall hooks: `bridge-nf-call-iptables` column); iperf3 TCP throughput container N-1 → 0. "
+        "`×N₀` = the rate / the same backend's rate at the smallest N; "
+        "first packet = rules the DNAT walk evaluates (see the firewall table).",
         "",
     ]
     base: dict[str, dict[str, Any]] = {}

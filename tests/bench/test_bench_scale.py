@@ -114,7 +114,7 @@ def test_dataplane_section_measures_positive_rates_for_pycni_and_leaves_nothing(
             assert len(row[kind]["runs"]) == 2 and min(row[kind]["runs"]) == row[kind]["per_s"]
         assert row["c2c_throughput"]["bits_per_s"] > 0 and len(row["c2c_throughput"]["runs"]) == 2
         assert row["first_packet_rules"] == 3  # pycni's DNAT is a map lookup whatever N
-        assert row["to"] == drivers.expected_address(row["n"] - 1)
+        assert (row["from"], row["to"]) == (drivers.expected_address(row["n"] - 1), drivers.expected_address(0))
     assert doc["cleanup"] == {"swept_namespaces": [], "temp_root_removed": True}
     assert not namespaces_with_prefix(doc["config"]["namespace_prefix"])
     assert "## Data plane" in proc.stdout
