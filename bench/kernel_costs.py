@@ -5,7 +5,8 @@
 
 ``procsys K``: in a throwaway host namespace, the median cost of reading
 ``/proc/sys/net/ipv4/ip_forward`` by full path, relative to an open ``/proc/sys/net`` and to an
-open ``/proc/sys/net/ipv4``, and through ``pycni_plugins.kernel.sysctl`` — before and after K
+open ``/proc/sys/net/ipv4``, and through ``pycni_plugins.kernel.sysctl`` from a thread that keeps
+its sockets (as ``pycni serve``'s workers and the main thread do) — before and after K
 throwaway namespaces each read one ``/proc/sys/net`` file.
 
 ``bridge LIST``: in a throwaway namespace with one bridge, after K veth ports for each K in LIST,
@@ -41,7 +42,9 @@ def _median_us(fn: Callable[[], object], k: int = 200) -> float:
 
 
 def _procsys_costs() -> dict[str, float]:
-    from pycni_plugins.kernel import sysctl
+    from pycni_plugins.kernel import links, sysctl
+
+    links.keep_iproutes()  # this thread keeps, as the daemon's workers do: sysctl keeps its directories
 
     def full() -> object:
         return Path("/proc/sys/net/ipv4/ip_forward").read_text()

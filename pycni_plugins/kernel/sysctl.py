@@ -11,27 +11,55 @@ has looked at ``/proc/sys/net`` leaves its own ``ipv4``/``ipv6`` dentries under 
 such namespace (``proc_sys_compare`` rejects the others). With 2000 container namespaces a read
 of ``/proc/sys/net/ipv4/ip_forward`` took 250 µs instead of 6, with 5000 the host side of a
 bridge ADD spent ~50 ms in its four accesses (docs/scale-and-dataplane.md). Below an open
-``/proc/sys/net/ipv4`` of the same namespace the lookup stays at ~2 µs, so the directory is
-opened once per namespace (the last :data:`_KEPT` namespaces) and every access is an
-``openat`` below it. A kept directory of a namespace that died fails its lookups (``ENOENT``,
-its tables are unregistered), and the access is retried by full path.
+``/proc/sys/net/ipv4`` of the same namespace the lookup stays at ~2 µs. So a thread that keeps
+its netlink socket between calls (:func:`.links.keeps_sockets`: the main thread, ``pycni
+serve``'s workers) also keeps these two directories of its current namespace, replaced when it
+moves to another, closed when it ends; any other thread opens by full path and keeps nothing.
+A kept directory of a namespace that died fails its lookups (``ENOENT``: its tables are
+unregistered), so a reused namespace inode number never reaches it: the access is retried by
+full path.
 """
 
 from __future__ import annotations
 
-import collections
 import os
 import threading
 
-from .links import namespace_key
+from .links import keeps_sockets, namespace_key
 
 __all__ = ["read", "write", "ensure"]
 
 _ROOT = "/proc/sys/"
 _SPLIT = ("net/ipv4/", "net/ipv6/")  # the per-namespace directories below the shared ``net``
-_KEPT = 16  # namespaces whose directories stay open (the host's is used at every ADD)
-_lock = threading.Lock()
-_dirs: collections.OrderedDict[tuple[tuple[int, int, int], str], int] = collections.OrderedDict()
+
+
+class _Dirs:
+    """One namespace's kept directories (opened on first use); closed with the object."""
+
+    def __init__(self, key: tuple[int, int, int]) -> None:
+        self.key = key
+        self.fds: dict[str, int] = {}
+
+    def fd(self, top: str) -> int:
+        if top not in self.fds:
+            self.fds[top] = os.open(_ROOT + top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return self.fds[top]
+
+    def close(self) -> None:
+        fds, self.fds = self.fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+    def __del__(self) -> None:  # the thread ended: its thread-local goes, and with it these
+        if self.key[0] == os.getpid():  # a forked child leaves the parent's alone
+            self.close()
+
+
+class _Kept(threading.local):
+    dirs: _Dirs | None = None
+
+
+_local = _Kept()
 
 
 def _path(name: str) -> str:
@@ -40,50 +68,26 @@ def _path(name: str) -> str:
     return _ROOT + name
 
 
-def _dir_fd(key: tuple[tuple[int, int, int], str]) -> int:
-    """The kept directory ``key[1]`` of the namespace ``key[0]``, opened if needed."""
-    with _lock:
-        fd = _dirs.get(key)
-        if fd is not None:
-            _dirs.move_to_end(key)
-            return fd
-    fd = os.open(_ROOT + key[1], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # the one slow lookup
-    with _lock:
-        if key in _dirs:  # another thread of the same namespace was quicker
-            os.close(fd)
-            return _dirs[key]
-        _dirs[key] = fd
-        while len(_dirs) > _KEPT * len(_SPLIT):
-            os.close(_dirs.popitem(last=False)[1])
-        return fd
-
-
-def _forget(key: tuple[tuple[int, int, int], str]) -> None:
-    with _lock:
-        fd = _dirs.pop(key, None)
-        if fd is not None:
-            os.close(fd)
+def _kept_dirs() -> _Dirs:
+    key = namespace_key()
+    dirs = _local.dirs
+    if dirs is None or dirs.key != key:
+        if dirs is not None:
+            dirs.close()
+        dirs = _local.dirs = _Dirs(key)
+    return dirs
 
 
 def _open(name: str, flags: int) -> int:
     path = _path(name)
     top = next((d for d in _SPLIT if name.startswith(d)), None)
-    if top is None:
+    if top is None or not keeps_sockets():
         return os.open(path, flags | os.O_CLOEXEC)
-    key = (namespace_key(), top)
-    rest = name[len(top) :]
+    dirs = _kept_dirs()
     try:
-        # Under the lock: an eviction must not close (and a reuse renumber) the directory meanwhile.
-        with _lock:
-            fd = _dirs.get(key)
-            if fd is not None:
-                return os.open(rest, flags | os.O_CLOEXEC, dir_fd=fd)
-        dir_fd = _dir_fd(key)
-        with _lock:
-            if _dirs.get(key) == dir_fd:
-                return os.open(rest, flags | os.O_CLOEXEC, dir_fd=dir_fd)
+        return os.open(name[len(top) :], flags | os.O_CLOEXEC, dir_fd=dirs.fd(top))
     except FileNotFoundError:
-        _forget(key)  # maybe a dead namespace's directory under a reused inode number
+        dirs.close()  # maybe a dead namespace's directories under a reused inode number
     return os.open(path, flags | os.O_CLOEXEC)
 
 
