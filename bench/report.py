@@ -518,7 +518,10 @@ def png(doc: dict[str, Any], path: str) -> None:
         _axes(ax, "in-process ADD: kernel requests per N", "ms per ADD", log_y=False)
         ax.set_ylim(bottom=0)
     m = doc["machine"]
-    fig.suptitle(f"pycni bench {doc['run_id']}: {m.get('cpu_model')} × {m.get('cores')}, kernel {m.get('kernel')}")
+    fig.suptitle(
+        f"pycni bench {doc['run_id']}: {m.get('cpu_model')} × {m.get('cores')}, kernel {m.get('kernel')}",
+        fontsize="small",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
