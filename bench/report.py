@@ -278,8 +278,8 @@ def _parsing(doc: dict[str, Any]) -> list[str]:
 
 DATAPLANE = (
     ("host_port", "per_s", "conn/s to a host port (outside → DNAT → last container)"),
-    ("c2c_conn", "per_s", "conn/s container N-1 → 0 across the bridge"),
-    ("c2c_throughput", "bits_per_s", "throughput container N-1 → 0 (iperf3)"),
+    ("c2c_conn", "per_s", "conn/s container {dir} across the bridge"),
+    ("c2c_throughput", "bits_per_s", "throughput container {dir} (iperf3)"),
 )
 
 
@@ -294,8 +294,8 @@ def _dataplane(doc: dict[str, Any]) -> list[str]:
         f"{rows[0]['seconds']:g} s each ({rows[0]['workers']} generator processes; median of"
         f" {rows[0].get('repeat', 1)} runs): new TCP connections per second "
         "from an outside namespace to the last container's published host port (the DNAT path), and from "
-        "the newest container (N-1) to the oldest (0) across the bridge (bridged traffic traverses the host's "
-        "firewall hooks: `bridge-nf-call-iptables` column); iperf3 TCP throughput container N-1 → 0. "
+        f"container {_direction(doc)} across the bridge (bridged traffic traverses the host's "
+        f"firewall hooks: `bridge-nf-call-iptables` column); iperf3 TCP throughput container {_direction(doc)}. "
         "`×N₀` = the rate / the same backend's rate at the smallest N; "
         "first packet = rules the DNAT walk evaluates (see the firewall table).",
         "",
@@ -330,6 +330,13 @@ def _dataplane(doc: dict[str, Any]) -> list[str]:
         "bridge-nf-call-iptables",
     )
     return out + _table(header, body)
+
+
+def _direction(doc: dict[str, Any]) -> str:
+    """Container to container as the run measured it: N-1 → 0 (the newest as client) since the
+    section's second version; the first measured 0 → N-1 (its rows' ``from`` is container 0's .2)."""
+    rows = [r for r in doc.get("dataplane") or [] if "from" in r and r["n"] > 2]
+    return "0 → N-1" if rows and rows[0]["from"].endswith(".0.2") else "N-1 → 0"
 
 
 def _rate(
@@ -505,7 +512,7 @@ def png(doc: dict[str, Any], path: str) -> None:
             rows = sorted((r for r in doc["dataplane"] if r["backend"] == backend and kind in r), key=lambda r: r["n"])
             scale = 1e9 if key == "bits_per_s" else 1.0
             ax.plot([r["n"] for r in rows], [r[kind][key] / scale for r in rows], marker="o", label=backend)
-        _axes(ax, title, "Gbit/s" if key == "bits_per_s" else "connections per second", log_y=False)
+        _axes(ax, title.format(dir=_direction(doc)), "Gbit/s" if key == "bits_per_s" else "conn/s", log_y=False)
         ax.set_ylim(bottom=0)
     if steps:
         ax = flat[panels - 1]
