@@ -315,7 +315,7 @@ def _dataplane(doc: dict[str, Any]) -> list[str]:
                 _rate(r, first, "c2c_conn", "per_s"),
                 _rate(r, first, "c2c_throughput", "bits_per_s", 1e9, "{:.2f}"),
                 r.get("first_packet_rules", "–"),
-                r["rules"]["nft_rules"] + r["rules"]["iptables_rules"],
+                r["rules"]["nft_rules"],  # libnftables lists iptables-nft's tables too
                 r.get("bridge_nf_call_iptables"),
             )
         )
@@ -326,7 +326,7 @@ def _dataplane(doc: dict[str, Any]) -> list[str]:
         "c2c conn/s",
         "c2c Gbit/s",
         "first packet rules",
-        "rules (nft + iptables)",
+        "rules (nftables, iptables-nft's included)",
         "bridge-nf-call-iptables",
     )
     return out + _table(header, body)
