@@ -2,7 +2,11 @@
 
 Workload: the default chain (loopback; bridge + host-local with ipMasq and isGateway; firewall;
 portmap with one mapping per container, host port 20000+i → 80/tcp), N containers on one
-bridge, subnet 198.18.0.0/16 (RFC 2544 benchmarking space, so 1000 containers fit).
+bridge, subnet 198.18.0.0/16 (RFC 2544 benchmarking space). A Linux bridge holds at most 1023
+ports (``BR_MAX_PORTS``; the 1024th ``master`` fails with EXFULL), so above
+:data:`PORTS_PER_BRIDGE` containers the cell has several networks of that many containers each
+(container i on network i // 1000: its own bridge ``pcbench<k>`` and subnet), the way a host
+with 5000 containers has several networks.
 
 Backends, by name:
 
@@ -50,8 +54,12 @@ from .session import Cell
 
 NETWORK = "pycni-bench"
 BRIDGE = "pcbench0"
-SUBNET = ipaddress.ip_network("198.18.0.0/16")
+SUBNET = ipaddress.IPv4Network("198.18.0.0/16")
 GATEWAY = SUBNET[1]
+#: Containers per network (bridge): the kernel's bridge takes 1023 ports (BR_MAX_PORTS - 1).
+PORTS_PER_BRIDGE = 1000
+#: Networks k ≥ 1 take /22s of 198.19.0.0/16 below this address (the data plane's "outside" link is above).
+_EXTRA_SUBNETS = ipaddress.IPv4Network("198.19.0.0/17")
 HOST_PORT_BASE = 20000
 CONTAINER_PORT = 80
 CNI_VERSION = "1.0.0"  # the newest version the Debian 1.1.1 plugins speak
@@ -87,22 +95,47 @@ def host_port(i: int) -> int:
     return HOST_PORT_BASE + i
 
 
+def network_of(i: int) -> int:
+    """The network (bridge) container ``i`` is on."""
+    return i // PORTS_PER_BRIDGE
+
+
+def network_name(k: int) -> str:
+    return NETWORK if k == 0 else f"{NETWORK}-{k}"
+
+
+def bridge_name(k: int) -> str:
+    return BRIDGE if k == 0 else f"pcbench{k}"
+
+
+def subnet(k: int) -> ipaddress.IPv4Network:
+    """Network 0 is :data:`SUBNET`; the others are /22s (1022 addresses) of 198.19.0.0/17."""
+    if k == 0:
+        return SUBNET
+    extra = list(_EXTRA_SUBNETS.subnets(new_prefix=22))
+    if k > len(extra):
+        raise ValueError(f"at most {(len(extra) + 1) * PORTS_PER_BRIDGE} containers per cell")
+    return extra[k - 1]
+
+
 def expected_address(i: int) -> str:
     """What host-local hands out to the i-th ADD on a fresh range (the gateway holds .1)."""
-    return str(SUBNET[i + 2])
+    return str(subnet(network_of(i))[i % PORTS_PER_BRIDGE + 2])
 
 
-def conflist(ipam_dir: str) -> bytes:
+def conflist(ipam_dir: str, k: int = 0) -> bytes:
+    """The built-in chain's conflist for network ``k``."""
+    net = subnet(k)
     plugins: list[dict[str, Any]] = [
         {"type": "loopback"},
         {
             "type": "bridge",
-            "bridge": BRIDGE,
+            "bridge": bridge_name(k),
             "isGateway": True,
             "ipMasq": True,
             "ipam": {
                 "type": "host-local",
-                "ranges": [[{"subnet": str(SUBNET), "gateway": str(GATEWAY)}]],
+                "ranges": [[{"subnet": str(net), "gateway": str(net[1])}]],
                 "routes": [{"dst": "0.0.0.0/0"}],
                 "dataDir": ipam_dir,
             },
@@ -110,7 +143,7 @@ def conflist(ipam_dir: str) -> bytes:
         {"type": "firewall", "backend": "iptables"},  # explicit: the default would ask firewalld over D-Bus
         {"type": "portmap", "capabilities": {"portMappings": True}, "snat": True},
     ]
-    return json.dumps({"cniVersion": CNI_VERSION, "name": NETWORK, "plugins": plugins}).encode()
+    return json.dumps({"cniVersion": CNI_VERSION, "name": network_name(k), "plugins": plugins}).encode()
 
 
 def port_mappings(i: int) -> list[dict[str, Any]]:
@@ -232,7 +265,14 @@ class RuntimeDriver:
             timeout=TIMEOUT,
             host_netns=cell.host,
         )
-        self.network = conflist_from_bytes(workload.conflist(os.path.join(cell.dir, "ipam")))
+        ipam = os.path.join(cell.dir, "ipam")
+        networks = network_of(len(cell.containers) - 1) + 1 if cell.containers else 1
+        if networks > 1 and workload is not DEFAULT:
+            raise ValueError(f"a --conflist cell holds at most {PORTS_PER_BRIDGE} containers (one bridge)")
+        self.networks = [
+            conflist_from_bytes(conflist(ipam, k) if workload is DEFAULT else workload.conflist(ipam))
+            for k in range(networks)
+        ]
         self.rts = [
             RuntimeConf(
                 container_id(i),
@@ -244,13 +284,13 @@ class RuntimeDriver:
         ]
 
     def add(self, i: int) -> object:
-        return self.runtime.add_network_list(self.network, self.rts[i])
+        return self.runtime.add_network_list(self.networks[network_of(i)], self.rts[i])
 
     def check(self, i: int) -> None:
-        self.runtime.check_network_list(self.network, self.rts[i])
+        self.runtime.check_network_list(self.networks[network_of(i)], self.rts[i])
 
     def delete(self, i: int) -> None:
-        self.runtime.delete_network_list(self.network, self.rts[i])
+        self.runtime.delete_network_list(self.networks[network_of(i)], self.rts[i])
 
     def address(self, result: object) -> str:
         from pycni.types import AnyResult, convert
@@ -303,7 +343,8 @@ class NetavarkDriver:
 
     def address(self, result: object) -> str:
         status = json.loads(cast(bytes, result))  # what add returned: netavark's stdout
-        ipnet: str = status[NETWORK]["interfaces"]["eth0"]["subnets"][0]["ipnet"]
+        (network,) = status.values()  # the one network of the container
+        ipnet: str = network["interfaces"]["eth0"]["subnets"][0]["ipnet"]
         return ipnet.split("/")[0]
 
 
@@ -322,20 +363,22 @@ def _netavark_error(proc: subprocess.CompletedProcess[bytes]) -> str:
 
 def netavark_options(i: int) -> dict[str, Any]:
     """netavark 1.4's ``NetworkOptions`` (src/network/types.rs at v1.4.0) for container ``i``."""
+    k = network_of(i)
+    name, net = network_name(k), subnet(k)
     return {
         "container_id": container_id(i),
         "container_name": f"bench{i}",
         "port_mappings": [
             {"host_ip": "", "container_port": CONTAINER_PORT, "host_port": host_port(i), "range": 1, "protocol": "tcp"}
         ],
-        "networks": {NETWORK: {"static_ips": [expected_address(i)], "interface_name": "eth0"}},
+        "networks": {name: {"static_ips": [expected_address(i)], "interface_name": "eth0"}},
         "network_info": {
-            NETWORK: {
-                "name": NETWORK,
-                "id": hashlib.sha256(NETWORK.encode()).hexdigest(),
+            name: {
+                "name": name,
+                "id": hashlib.sha256(name.encode()).hexdigest(),
                 "driver": "bridge",
-                "network_interface": BRIDGE,
-                "subnets": [{"subnet": str(SUBNET), "gateway": str(GATEWAY)}],
+                "network_interface": bridge_name(k),
+                "subnets": [{"subnet": str(net), "gateway": str(net[1])}],
                 "ipv6_enabled": False,
                 "internal": False,
                 "dns_enabled": False,

@@ -290,6 +290,105 @@ def _parsing(doc: dict[str, Any]) -> list[str]:
     return out + _table(header, body)
 
 
+DATAPLANE = (
+    ("host_port", "per_s", "conn/s to a host port (outside → DNAT → last container)"),
+    ("c2c_conn", "per_s", "conn/s container {dir} across the bridge"),
+    ("c2c_throughput", "bits_per_s", "throughput container {dir} (iperf3)"),
+)
+
+
+def _dataplane(doc: dict[str, Any]) -> list[str]:
+    rows = doc.get("dataplane") or []
+    if not rows:
+        return []
+    out = [
+        "## Data plane",
+        "",
+        "Every container ADDed, then for "
+        f"{rows[0]['seconds']:g} s each ({rows[0]['workers']} generator processes; median of"
+        f" {rows[0].get('repeat', 1)} runs): new TCP connections per second "
+        "from an outside namespace to the last container's published host port (the DNAT path), and from "
+        f"container {_direction(doc)} across the bridge (bridged traffic traverses the host's "
+        f"firewall hooks: `bridge-nf-call-iptables` column); iperf3 TCP throughput container {_direction(doc)}. "
+        "`×N₀` = the rate / the same backend's rate at the smallest N; "
+        "first packet = rules the DNAT walk evaluates (see the firewall table).",
+        "",
+    ]
+    base: dict[str, dict[str, Any]] = {}
+    body = []
+    for r in sorted(rows, key=lambda r: (r["backend"], r["n"])):
+        if "error" in r:
+            body.append((r["backend"], r["n"], r["error"], "", "", "", "", ""))
+            continue
+        first = base.setdefault(r["backend"], r)
+        body.append(
+            (
+                r["backend"],
+                r["n"],
+                _rate(r, first, "host_port", "per_s"),
+                _rate(r, first, "c2c_conn", "per_s"),
+                _rate(r, first, "c2c_throughput", "bits_per_s", 1e9, "{:.2f}"),
+                r.get("first_packet_rules", "–"),
+                r["rules"]["nft_rules"],  # libnftables lists iptables-nft's tables too
+                r.get("bridge_nf_call_iptables"),
+            )
+        )
+    header = (
+        "backend",
+        "N",
+        "host-port conn/s",
+        "c2c conn/s",
+        "c2c Gbit/s",
+        "first packet rules",
+        "rules (nftables, iptables-nft's included)",
+        "bridge-nf-call-iptables",
+    )
+    return out + _table(header, body)
+
+
+def _direction(doc: dict[str, Any]) -> str:
+    """Container to container as the run measured it: N-1 → 0 (the newest as client) since the
+    section's second version; the first measured 0 → N-1 (its rows' ``from`` is container 0's .2)."""
+    rows = [r for r in doc.get("dataplane") or [] if "from" in r and r["n"] > 2]
+    return "0 → N-1" if rows and rows[0]["from"].endswith(".0.2") else "N-1 → 0"
+
+
+def _rate(
+    r: dict[str, Any], first: dict[str, Any], kind: str, key: str, scale: float = 1.0, fmt: str = "{:,.0f}"
+) -> str:
+    ratio = r[kind][key] / first[kind][key] if first[kind][key] else math.nan
+    return f"{fmt.format(r[kind][key] / scale)} ({ratio:.2f}×N₀)"
+
+
+def _steps(doc: dict[str, Any]) -> list[str]:
+    st = doc.get("steps") or {}
+    if not st.get("points"):
+        return []
+    points = st["points"]
+    out = [
+        "## Where an in-process ADD's time goes, per N (steps)",
+        "",
+        f"The last {st['window']} ADDs before each N (or N/2 when smaller), every kernel request timed where it "
+        "leaves Python (wall time: the kernel's work plus the bindings' own message handling, which does not "
+        "depend on N). `python` = the rest of the ADD (plugins, runtime). ms per ADD (calls per ADD).",
+        "",
+    ]
+    labels = [row["step"] for row in st["growth"] if row["step"] not in ("python_ms_per_add", "add_mean_ms")]
+    labels = labels or list(points[-1]["steps"])
+    body = []
+    for label in labels:
+        cells = []
+        for p in points:
+            step = p["steps"].get(label)
+            cells.append(f"{step['ms_per_add']:.3f} ({step['calls_per_add']:g})" if step else "–")
+        body.append((label, *cells))
+    body.append(("kernel requests, total", *(f"{p['kernel_ms_per_add']:.2f}" for p in points)))
+    body.append(("python", *(f"{p['python_ms_per_add']:.2f}" for p in points)))
+    body.append(("ADD mean", *(f"{p['add_mean_ms']:.2f}" for p in points)))
+    body.append(("ADD p50", *(f"{p['add']['p50_ms']:.2f}" for p in points)))
+    return out + _table(("step", *(f"N={p['n']}" for p in points)), body)
+
+
 def _warmup(doc: dict[str, Any]) -> list[str]:
     if not doc["warmup"]:
         return []
@@ -375,20 +474,43 @@ def _caveats(doc: dict[str, Any]) -> list[str]:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    parts = (_header, _latency, _shim, _rules, _overhead, _concurrency, _memory, _parsing, _warmup, _caveats, _cleanup)
+    parts = (
+        _header,
+        _latency,
+        _shim,
+        _rules,
+        _overhead,
+        _concurrency,
+        _memory,
+        _steps,
+        _dataplane,
+        _parsing,
+        _warmup,
+        _caveats,
+        _cleanup,
+    )
     return "\n".join(line for part in parts for line in part(doc))
 
 
 def png(doc: dict[str, Any], path: str) -> None:
-    """p50 latency vs N per backend, one panel per op, log-log; the band reaches up to p90."""
+    """p50 latency vs N per backend, one panel per op, log-log (the band reaches up to p90); then,
+    when the run has them, the data plane's rates vs N and the steps' ms per ADD vs N."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ops = [op for op in OPS if any(r["op"] == op for r in doc["rows"])]
-    fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4.5), squeeze=False)
-    for ax, op in zip(axes[0], ops):
+    kinds = [k for k in DATAPLANE if any(k[0] in r for r in doc.get("dataplane") or [])]
+    steps = 1 if (doc.get("steps") or {}).get("points") else 0
+    panels = len(ops) + len(kinds) + steps
+    cols = min(3, max(1, panels))
+    rows_ = math.ceil(max(1, panels) / cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(5 * cols, 4.5 * rows_), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[panels:]:
+        ax.set_visible(False)
+    for ax, op in zip(flat, ops):
         for backend in _backends(doc):
             rows = sorted((r for r in doc["rows"] if r["backend"] == backend and r["op"] == op), key=lambda r: r["n"])
             if not rows:
@@ -398,18 +520,43 @@ def png(doc: dict[str, Any], path: str) -> None:
             ax.fill_between(
                 ns, [r["p50_ms"] for r in rows], [r["p90_ms"] for r in rows], color=line.get_color(), alpha=0.15
             )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_title(op.upper())
-        ax.set_xlabel("containers on the bridge (N)")
-        ax.set_ylabel("ms per container (p50, band to p90)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
+        _axes(ax, op.upper(), "ms per container (p50, band to p90)", log_y=True)
+    for ax, (kind, key, title) in zip(flat[len(ops) :], kinds):
+        for backend in dict.fromkeys(r["backend"] for r in doc["dataplane"]):
+            rows = sorted((r for r in doc["dataplane"] if r["backend"] == backend and kind in r), key=lambda r: r["n"])
+            scale = 1e9 if key == "bits_per_s" else 1.0
+            ax.plot([r["n"] for r in rows], [r[kind][key] / scale for r in rows], marker="o", label=backend)
+        _axes(ax, title.format(dir=_direction(doc)), "Gbit/s" if key == "bits_per_s" else "conn/s", log_y=False)
+        ax.set_ylim(bottom=0)
+    if steps:
+        ax = flat[panels - 1]
+        points = doc["steps"]["points"]
+        ns = [p["n"] for p in points]
+        top = [r["step"] for r in doc["steps"]["growth"] if r["step"] not in ("add_mean_ms", "python_ms_per_add")][:6]
+        for label in top:
+            ax.plot(ns, [p["steps"].get(label, {}).get("ms_per_add", 0.0) for p in points], marker="o", label=label)
+        ax.plot(ns, [p["python_ms_per_add"] for p in points], marker="s", linestyle="--", label="python (the rest)")
+        _axes(ax, "in-process ADD: kernel requests per N", "ms per ADD", log_y=False)
+        ax.set_ylim(bottom=0)
     m = doc["machine"]
-    fig.suptitle(f"pycni bench {doc['run_id']}: {m.get('cpu_model')} × {m.get('cores')}, kernel {m.get('kernel')}")
+    fig.suptitle(
+        f"pycni bench {doc['run_id']}: {m.get('cpu_model')} × {m.get('cores')}, kernel {m.get('kernel')}",
+        fontsize="small",
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _axes(ax: Any, title: str, ylabel: str, *, log_y: bool) -> None:
+    ax.set_xscale("log")
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_title(title, fontsize="medium")
+    ax.set_xlabel("containers (N)")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="x-small")
 
 
 def main(argv: list[str] | None = None) -> int:

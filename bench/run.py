@@ -8,8 +8,10 @@ Run from the repository root, as root (everything happens in namespaces the harn
 
 Sections (``--sections``): ``latency`` (ADD/CHECK/DEL per backend × N, with rule counts and the
 first-packet walk per cell), ``overhead`` (runtime vs raw exec), ``concurrency``, ``memory``,
-``parsing``. The latency section of the built-in chain also times the ``floor`` (bench/floor.py:
-the same kernel objects with the fewest raw pyroute2/libnftables calls) in the same rotation.
+``parsing``; on request only: ``steps`` (per kernel request timings of in-process ADDs at each N)
+and ``dataplane`` (connections per second and throughput through N containers' rules). The
+latency section of the built-in chain also times the ``floor`` (bench/floor.py: the same kernel
+objects with the fewest raw pyroute2/libnftables calls) in the same rotation.
 
 Backends are alternated per N with a rotating start so machine drift hits all of them alike;
 one untimed-in-the-table warm-up cell per backend runs first.
@@ -38,11 +40,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a file from anywhere
 
-from bench import drivers, machine, measure, memory, parsing, report, shim
+from bench import dataplane, drivers, machine, measure, memory, parsing, report, shim, steps
 from bench.session import PREFIX, Session, claim_run, install_signal_handlers
 from pycni.errors import CNIError
 
 SECTIONS = ("latency", "overhead", "concurrency", "memory", "parsing")
+EXTRA_SECTIONS = ("steps", "dataplane")  # long; run only when asked for
 CONFLIST_SECTIONS = ("latency", "concurrency", "parsing")  # the others are about the built-in chain
 SCHEMA = 1
 
@@ -92,8 +95,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="leave out the latency section's floor row (the chain's kernel objects by raw pyroute2/libnftables calls)",
     )
     p.add_argument(
-        "--sections", type=_names(SECTIONS), help=f"default all; with --conflist {','.join(CONFLIST_SECTIONS)}"
+        "--sections",
+        type=_names(SECTIONS + EXTRA_SECTIONS),
+        help=f"default {','.join(SECTIONS)}; with --conflist {','.join(CONFLIST_SECTIONS)};"
+        f" on request: {','.join(EXTRA_SECTIONS)}",
     )
+    p.add_argument("--steps-window", type=int, default=10, metavar="K", help="ADDs timed per step before each N")
+    p.add_argument("--dataplane-n", type=_ints, default=[10, 100, 1000], metavar="LIST")
+    p.add_argument(
+        "--dataplane-backends",
+        type=_names(drivers.BACKENDS),
+        default=list(dataplane.BACKENDS),
+        metavar="LIST",
+        help=f"default {','.join(dataplane.BACKENDS)}",
+    )
+    p.add_argument("--dataplane-seconds", type=float, default=3.0, metavar="S", help="per measurement")
+    p.add_argument("--dataplane-workers", type=int, default=2, metavar="W", help="connection generator processes")
+    p.add_argument("--dataplane-repeat", type=int, default=3, metavar="R", help="runs per measurement (median kept)")
     p.add_argument("--overhead-samples", type=int, default=20, metavar="K")
     p.add_argument("--shim-samples", type=int, default=200, metavar="K", help="execs per shim measurement")
     p.add_argument("--concurrency-n", type=int, default=100, metavar="N")
@@ -247,7 +265,7 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
         for name in args.memory_backends:
             if name not in available:
                 continue
-            result = memory.measure(name, checkpoints, session)
+            result = memory.measure(name, [n for n in checkpoints if n <= args.max_n.get(name, n)], session)
             doc["memory"].append(result)
             if "error" in result:
                 progress.line(f"    {name:<16} failed: {result['error']}")
@@ -259,6 +277,39 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
                 f" {last['vm_hwm_kib'] / 1024:.1f} MiB at n={last['n']};"
                 f" largest child {last['children_maxrss_kib'] / 1024:.1f} MiB{served}"
             )
+
+    if "steps" in args.sections:
+        progress.line(f"== steps: kernel requests of in-process ADDs before N = {sorted(set(args.n))}")
+        if "pycni-inprocess" in available:
+            doc["steps"] = steps.measure(sorted(set(args.n)), args.steps_window, session, progress)
+            for row in doc["steps"]["growth"][:8]:
+                progress.line(f"    {row['step']:<48} {row['low_ms']:8.3f} → {row['high_ms']:8.3f} ms per ADD")
+        else:
+            doc["steps"] = {"skipped": "needs pycni-inprocess"}
+
+    if "dataplane" in args.sections:
+        why = dataplane.problem()
+        if why is None:
+            binary = dataplane.build(session.root)
+            progress.line(f"== dataplane: N = {args.dataplane_n}, {args.dataplane_seconds:g} s per measurement")
+            for n in args.dataplane_n:
+                for name in args.dataplane_backends:
+                    if name in available:
+                        doc["dataplane"].append(
+                            dataplane.cell(
+                                available[name],
+                                n,
+                                binary,
+                                args.dataplane_seconds,
+                                args.dataplane_workers,
+                                args.dataplane_repeat,
+                                session,
+                                progress,
+                            )
+                        )
+        else:
+            doc["skipped"]["dataplane"] = why
+            progress.line(f"skipping dataplane: {why}")
 
     if "parsing" in args.sections:
         progress.line("== parsing: results per second per spec version")
@@ -376,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         "memory": [],
         "parsing": [],
         "shim": {},
+        "steps": {},
+        "dataplane": [],
     }
     status = 0
     started = time.monotonic()

@@ -5,7 +5,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES="iproute2 nftables libnftables1 python3-venv iptables containernetworking-plugins netavark procps podman containerd runc busybox-static firewalld"
+APT_PACKAGES="iproute2 nftables libnftables1 python3-venv iptables containernetworking-plugins netavark procps podman containerd runc busybox-static firewalld iperf3 gcc libc6-dev"
 
 # No package install may start a service on this machine (firewalld, containerd, ...): the
 # tests run every daemon inside their own namespaces. invoke-rc.d asks policy-rc.d; 101 = refuse.
