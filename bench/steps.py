@@ -5,8 +5,9 @@ the last ``window`` ADDs before each checkpoint N, every kernel request the plug
 timed where it leaves Python:
 
 * ``netlink <method> <command>``: each pyroute2 ``IPRoute`` request (``link add``, ``route
-  add``, ``vlan_filter add`` …), timed at ``kernel.links.call``, the one door every plugin
-  request goes through, and opening/closing an ``IPRoute`` socket;
+  add``, ``vlan_filter add`` …), timed at ``kernel.links.call``, and opening/closing an
+  ``IPRoute`` socket; ``netlink <request>, …``: each send of ``kernel.batch`` (the hot path's
+  requests built without ``IPRoute``), named by the requests in it;
 * ``nft <verb> <object>``: each libnftables transaction or listing (``Nftables.cmd`` and
   ``json_cmd``), by its first command, and opening a libnftables context;
 * ``nfnetlink <message>``: each raw nfnetlink read (``kernel.nfnl``);
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -81,6 +83,29 @@ def _request(method: Any, *args: Any, **kwargs: Any) -> str:
     return f"netlink {name} {first}".rstrip()
 
 
+#: rtnetlink message types (linux/rtnetlink.h) as ``kernel.batch`` sends them.
+_BATCHED = {
+    16: "link set",
+    17: "link del",
+    18: "link get",
+    20: "addr add",
+    22: "addr dump",
+    24: "route append",
+    26: "route get",
+}
+_NLM_F_CREATE = 0x400
+
+
+def _batch(requests: Any) -> str:
+    """A ``kernel.batch.Requests.send``: its requests in order, each named once."""
+    names: dict[str, None] = {}
+    for data in requests._data:
+        _, kind, flags = struct.unpack_from("=IHH", data)
+        name = _BATCHED.get(kind, f"type {kind}")
+        names["link add" if kind == 16 and flags & _NLM_F_CREATE else name] = None
+    return "netlink " + ", ".join(names)
+
+
 def _nft_text(self: object, text: str) -> str:
     words = text.split()
     return "nft " + " ".join(words[:2]) if words else "nft (empty)"
@@ -109,13 +134,14 @@ def instrumented(recorder: Recorder) -> Iterator[None]:
     from pyroute2 import IPRoute
 
     from pycni import netns
-    from pycni_plugins.kernel import addressing, conntrack, links, nfnl, routing, sysctl
+    from pycni_plugins.kernel import addressing, batch, conntrack, links, nfnl, routing, sysctl
 
     # ``call`` is looked up as a global of each module that imported it by name.
     patches: list[tuple[Any, str, Callable[..., str]]] = [
         (module, "call", _request) for module in (links, addressing, routing, conntrack)
     ]
     patches += [
+        (batch.Requests, "send", _batch),
         (IPRoute, "__init__", lambda *a, **k: "netlink socket open"),
         (IPRoute, "close", lambda *a, **k: "netlink socket close"),
         (nftables.Nftables, "__init__", lambda *a, **k: "nft context open"),
