@@ -33,6 +33,7 @@ __all__ = [
     "NetnsError",
     "entered",
     "call_in",
+    "visiting",
     "run_in",
     "open_netns",
     "is_netns",
@@ -173,11 +174,24 @@ def call_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: 
 
     No thread to start and wait for: ~0.01 ms where :func:`run_in` costs ~0.05 ms on an idle
     host and a scheduler round trip or more on a loaded one. Only for work whose sockets are
-    opened and closed within ``fn``: one kept by the calling thread past it (a per-thread
-    cache keyed by namespace) would be of the wrong namespace for a while.
+    opened and closed within ``fn``: what a thread keeps per namespace (its netlink socket, its
+    sysctl directories) asks :func:`visiting` first and keeps nothing of a namespace visited.
     """
     with entered(path):
-        return fn(*args, **kwargs)
+        _visits.depth = getattr(_visits, "depth", 0) + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _visits.depth -= 1
+
+
+_visits = threading.local()
+
+
+def visiting() -> bool:
+    """Whether the calling thread is inside :func:`call_in`: in a namespace only for a while,
+    where nothing may be kept for later."""
+    return getattr(_visits, "depth", 0) > 0
 
 
 def run_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -42,6 +42,8 @@ from pyroute2 import IPRoute, NetlinkError
 from pyroute2.netlink import nlmsg_atoms
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
 
+from pycni import netns
+
 from . import batch, changes
 from .errors import LinkError
 
@@ -166,7 +168,10 @@ _local = _Kept()
 
 
 def keeps_sockets() -> bool:
-    """Whether the calling thread keeps its netlink sockets between blocks (see :func:`iproute`)."""
+    """Whether the calling thread keeps its netlink sockets between blocks (see :func:`iproute`):
+    never while it only visits a namespace (:func:`pycni.netns.visiting`)."""
+    if netns.visiting():
+        return False
     return _local.keeps or threading.current_thread() is threading.main_thread()
 
 

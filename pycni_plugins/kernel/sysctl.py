@@ -89,8 +89,19 @@ def _open(name: str, flags: int) -> int:
     try:
         return os.open(name[len(top) :], flags | os.O_CLOEXEC, dir_fd=dirs.fd(top))
     except FileNotFoundError:
-        dirs.close()  # maybe a dead namespace's directories under a reused inode number
+        if _alive(dirs.fd(top)):
+            raise  # the entry is missing, not the directory
+        dirs.close()  # a dead namespace's directories under a reused inode number
     return os.open(path, flags | os.O_CLOEXEC)
+
+
+def _alive(dir_fd: int) -> bool:
+    """Whether a kept ``net/ipv4`` or ``net/ipv6`` still resolves (``conf`` is in both)."""
+    try:
+        os.stat("conf", dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def read(name: str) -> str:

@@ -19,6 +19,14 @@ ACCEPT_RA = "net/ipv6/conf/lo/accept_ra"
 ARP_NOTIFY = "net/ipv4/conf/lo/arp_notify"
 
 
+@pytest.fixture(autouse=True)
+def no_kept_directories() -> None:
+    """Each test starts with the main thread keeping nothing (an earlier test's are closed)."""
+    if sysctl._local.dirs is not None:
+        sysctl._local.dirs.close()
+        sysctl._local.dirs = None
+
+
 def _set_and_read(value: int) -> tuple[str, str]:
     sysctl.write(ACCEPT_RA, value)
     sysctl.write(ARP_NOTIFY, value % 2)
@@ -86,9 +94,24 @@ def test_a_dead_namespaces_kept_directory_is_never_used(monkeypatch: pytest.Monk
         assert _in(b.path, _set_and_read, 0) == ("0", "0")
 
 
-def test_a_missing_entry_is_still_missing() -> None:
+def test_a_missing_entry_is_still_missing_and_keeps_the_directories() -> None:
     with netns.Throwaway() as a, pytest.raises(FileNotFoundError):
-        _in(a.path, sysctl.read, "net/ipv4/conf/no-such-if/arp_notify")
+        _in(a.path, _read)
+        kept = dict(sysctl._local.dirs.fds)
+        try:
+            _in(a.path, sysctl.read, "net/ipv4/conf/no-such-if/arp_notify")
+        finally:
+            assert sysctl._local.dirs.fds == kept  # not closed and reopened for a missing key
+
+
+def test_a_namespace_visited_in_the_calling_thread_leaves_the_kept_directories_alone() -> None:
+    with netns.Throwaway() as host, netns.Throwaway() as container:
+        _in(host.path, _read)
+        dirs, kept = sysctl._local.dirs, dict(sysctl._local.dirs.fds)
+        # What bridge does for a container's interface: call_in, from the host's namespace.
+        assert _in(host.path, netns.call_in, container.path, _set_and_read, 0) == ("0", "0")
+        assert sysctl._local.dirs is dirs and dirs.fds == kept
+        assert _in(host.path, _read) == ("1", "0")  # and the host's values are the host's
 
 
 def test_only_a_keeping_thread_keeps_and_only_its_current_namespaces_two_directories() -> None:
