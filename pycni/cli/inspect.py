@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -90,6 +90,17 @@ def _owner(group: Mapping[str, Any]) -> tuple[str, str, str] | None:
     return (fields[2], fields[3], fields[4]) if len(fields) >= 5 else None
 
 
+def _plugin_configs(net: config.NetworkConfigList) -> Iterator[Mapping[str, Any]]:
+    """Every plugin config of ``net``, a folded list's inner ones included."""
+    from ..chain import CHAIN_TYPE
+
+    for plugin in net.plugins:
+        yield plugin.raw
+        inner = plugin.raw.get("plugins") if plugin.type == CHAIN_TYPE else None
+        if isinstance(inner, list):
+            yield from (p for p in inner if isinstance(p, dict))
+
+
 def attachments_of(
     runtime: Runtime, networks: Iterable[config.NetworkConfigList]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
@@ -106,11 +117,11 @@ def attachments_of(
         if any(entry.network == n.name for n in nets):
             rows[(entry.network, entry.container_id, entry.ifname)] = _from_cache(entry, netns.is_netns(entry.netns))
     for net in nets:
-        for plugin in net.plugins:
+        for plugin in _plugin_configs(net):
             try:
-                leases = hooks.hook(hooks.IPAM_LEASES)(net.name, plugin.raw)
+                leases = hooks.hook(hooks.IPAM_LEASES)(net.name, plugin)
             except (CNIError, OSError) as e:
-                warnings.append(f"{net.name}: host-local leases of {plugin.type} unreadable: {e}")
+                warnings.append(f"{net.name}: host-local leases of {plugin.get('type')} unreadable: {e}")
                 continue
             for ip, owner in leases:
                 cid, _, ifname = owner.partition("/")  # a legacy lease: "<containerID> (legacy lease)"

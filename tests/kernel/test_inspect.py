@@ -96,3 +96,22 @@ def test_after_a_ruleset_flush_check_names_the_reconcile_that_restores_it(host, 
     assert CliRunner().invoke(cli, ["gc", "inspectnet", "--reconcile"], env=env).exit_code == 0
     assert CliRunner().invoke(cli, ["check", "inspectnet", *argv, *ports], env=env).exit_code == 0
     assert CliRunner().invoke(cli, ["del", "inspectnet", *argv, *ports], env=env).exit_code == 0
+
+
+def test_inspect_of_a_folded_network_reads_the_leases_of_its_inner_plugins(host, make_netns, tmp_path):
+    from pycni.chain import fold
+
+    confdir = tmp_path / "net.d"
+    confdir.mkdir()
+    (confdir / "10-inspect.conflist").write_bytes(fold(json.dumps(_conflist(tmp_path))))
+    env = {"NETCONFPATH": str(confdir), "PYCNI_CACHE_DIR": str(tmp_path / "cache"), "PYCNI_BACKEND": "inprocess"}
+    live = make_netns("c")
+    added = CliRunner().invoke(cli, ["add", "inspectnet", live.path, "--container-id", "live"], env=env)
+    assert added.exit_code == 0, added.output
+    (tmp_path / "ipam" / "inspectnet" / "198.18.71.99").write_bytes(b"crashed\r\neth0")  # ADD died before the cache
+
+    out = CliRunner().invoke(cli, ["inspect", "inspectnet"], env=env, catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    rows = {r["containerId"]: r for r in json.loads(out.output)["attachments"]}
+    assert rows["crashed"]["leases"] == ["198.18.71.99"] and not rows["crashed"]["cached"]
+    assert [a.split("/")[0] for a in rows["live"]["addresses"]] == rows["live"]["leases"] != []
