@@ -139,6 +139,7 @@ class ChainPlugin(Plugin):
 
     def gc(self, request: PluginRequest) -> GCReport | None:
         net = inner_list(request.config)
+        check_capabilities(request.config, net)
         runner = self._runner(request)
         listed = request.config.get(VALID_ATTACHMENTS_KEY)
         valid = None if listed is None else [GCAttachment.from_json(item) for item in listed]

@@ -117,15 +117,24 @@ def plugin_path_option(name: str = "--plugin-path") -> Callable[[F], F]:
     )
 
 
+def _level(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    """A level name (any case) or number, as :func:`..sdk.logs.parse_level` reads it (the
+    exec'd plugins and the daemon read ``$PYCNI_LOG_LEVEL`` the same way)."""
+    try:
+        return logs.parse_level(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 def log_level_option() -> Callable[[F], F]:
     """The global ``--log-level``: a level name, passed on as a :mod:`logging` level (``None``:
     not given; each verb's default applies)."""
     return click.option(
         "--log-level",
-        type=click.Choice(logs.LEVELS, case_sensitive=False),
+        metavar="[" + "|".join(logs.LEVELS) + "|N]",
         envvar=logs.LEVEL_ENV,
         default=None,
-        callback=lambda _ctx, _param, value: logs.parse_level(value),
+        callback=_level,
         help="Log pycni's work at this level on stderr: debug shows every plugin call and kernel "
         "change [$PYCNI_LOG_LEVEL; default: warning, and info for serve].",
     )

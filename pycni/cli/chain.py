@@ -22,8 +22,11 @@ def _source(network: str, conf_dir: str) -> tuple[bytes, str]:
         path = load_network(conf_dir, network).source
         if not os.path.isfile(path):
             raise ConfigError(f'network "{network}" has no file to fold (it is {path})')
-    with open(path, "rb") as f:
-        return f.read(), path
+    try:
+        with open(path, "rb") as f:
+            return f.read(), path
+    except OSError as e:
+        raise click.FileError(path, e.strerror) from None
 
 
 def _write(data: bytes, out: str | None) -> None:

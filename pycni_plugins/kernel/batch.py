@@ -74,7 +74,8 @@ def _words(msg: Any, attributes: list[tuple[str, Any]]) -> list[str]:
             words.insert(0, f"kind={kind}")
         else:
             words.append(f"{name.split('_', 1)[1].lower()}={value}")
-    return words + [f"{name}={msg[name]}" for name, *_ in msg.fields if msg[name] and name != "family"]
+    named = {word.split("=", 1)[0] for word in words}
+    return words + [f"{name}={msg[name]}" for name, *_ in msg.fields if msg[name] and name not in named | {"family"}]
 
 
 class Requests:

@@ -86,11 +86,16 @@ def test_each_inner_plugin_gets_only_the_runtime_config_its_capabilities_enable(
     }
 
 
-def test_capabilities_that_do_not_cover_the_inner_ones_fail_before_any_plugin_runs(runtime, fake_plugins):
+@pytest.mark.parametrize("command", ["add", "gc"])
+def test_capabilities_that_do_not_cover_the_inner_ones_fail_before_any_plugin_runs(runtime, fake_plugins, command):
     folded = json.loads(fold(_list(fake_plugins)))
     folded["plugins"][0]["capabilities"] = {"portMappings": True}
+    net = conflist_from_bytes(json.dumps(folded))
     with pytest.raises(CNIError, match='missing "bandwidth" \\(plugin type="fake-c"\\)') as raised:
-        runtime.add_network_list(conflist_from_bytes(json.dumps(folded)), RT)
+        if command == "add":
+            runtime.add_network_list(net, RT)
+        else:
+            runtime.gc_network_list(net, [])
     assert raised.value.code == ErrorCode.INVALID_NETWORK_CONFIG
     assert _calls(fake_plugins) == []
 

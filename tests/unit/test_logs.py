@@ -114,6 +114,13 @@ def test_the_cli_log_level_sets_pycni_loggers_and_passes_the_level_to_exec_d_plu
     assert os.environ["PYCNI_LOG_LEVEL"] == "debug"
 
 
+def test_the_cli_takes_a_numeric_level_as_the_plugins_and_the_daemon_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYCNI_LOG_LEVEL", "20")  # what parse_level accepts for exec'd plugins
+    result = CliRunner().invoke(cli, ["conf", "list", "--help"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert logging.getLogger("pycni").level == logging.INFO
+
+
 def test_the_cli_refuses_an_unknown_log_level() -> None:
     result = CliRunner().invoke(cli, ["--log-level", "loud", "version"])
     assert result.exit_code == 2 and "Invalid value for '--log-level'" in result.output
