@@ -53,7 +53,7 @@ import errno
 import ipaddress
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -231,10 +231,13 @@ def _gateways(conf: BridgeConfig, ipam: Result) -> tuple[tuple[IPConfig, ...], t
     return tuple(ips), tuple(routes), bridge_addrs
 
 
-def _ensure_gateway_addr(ipr: Any, br: links.Link, addr: Any, force: bool, added: links.LinkError | None) -> None:
+def _ensure_gateway_addr(
+    ipr: Any, br: links.Link, addr: Any, force: bool, added: links.LinkError | None, later: Sequence[Any] = ()
+) -> None:
     """The reference's ``ensureAddr``, cheapest first, once the kernel answered the address's
     add with ``added``: EEXIST means exactly this address is there (a concurrent ADD may have
-    added it); only a new address is checked against the others."""
+    added it); only a new address is checked against the others. ``later``: addresses of the
+    same send that the reference would only add after this one, so not there yet for it."""
     if added is not None:
         if added.errno == errno.EEXIST:
             return
@@ -242,7 +245,7 @@ def _ensure_gateway_addr(ipr: Any, br: links.Link, addr: Any, force: bool, added
             raise added
     family = socket.AF_INET if addr.version == 4 else socket.AF_INET6
     for have, _ in addressing.addresses(ipr, br.index, family):
-        if have == addr or (have.version == 6 and have.ip.is_link_local):
+        if have == addr or have in later or (have.version == 6 and have.ip.is_link_local):
             continue
         if addr.version == 4 or addr.ip in have.network or have.ip in addr.network:
             if not force:
@@ -387,7 +390,8 @@ class BridgePlugin(Plugin):
             answers = requests.send()
             for k, addr in enumerate(bridge_addrs):
                 try:
-                    _ensure_gateway_addr(a.ipr, br, addr, conf.force_address, answers[added[k]].error)
+                    error = answers[added[k]].error
+                    _ensure_gateway_addr(a.ipr, br, addr, conf.force_address, error, bridge_addrs[k + 1 :])
                 except CNIError:
                     for later, position in zip(bridge_addrs[k + 1 :], added[k + 1 :]):
                         if answers[position].error is None:  # added by this send only: as if never sent

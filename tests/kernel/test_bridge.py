@@ -426,3 +426,25 @@ def test_an_add_whose_ipam_presents_another_attachments_address_is_refused_and_k
     plugin.handle(kit.request("DEL", conf, "thief", second.path))
     assert kit.nft_elements()["masq4"] == masq
     plugin.handle(kit.request("CHECK", {**conf, "prevResult": result}, "owner", first.path))
+
+
+@pytest.mark.parametrize("force", [True, False])
+def test_two_ipv4_gateways_end_as_the_reference_ends_them(host, make_netns, kit, tmp_path, force):
+    """The reference adds gateways one by one: with forceAddress the second replaces the first
+    (IPv4 has one gateway address per bridge), without it the second is refused."""
+    from pycni_plugins.kernel import addressing, links
+
+    ctr = make_netns("c")
+    conf = kit.bridge_conf(tmp_path, V4, [{"subnet": "10.78.0.0/24"}]) | {"forceAddress": force}
+
+    def bridge_v4() -> list[str]:
+        with links.iproute() as ipr:
+            return sorted(str(a) for a, _ in addressing.addresses(ipr, links.get_link(ipr, "pbr0").index, 2))
+
+    if force:
+        BridgePlugin().handle(kit.request("ADD", conf, "c1", ctr.path))
+        assert bridge_v4() == ["10.78.0.1/24"]
+    else:
+        with pytest.raises(CNIError, match='"pbr0" already has an IP address different from 10.78.0.1/24'):
+            BridgePlugin().handle(kit.request("ADD", conf, "c1", ctr.path))
+        assert bridge_v4() == ["10.77.0.1/24"]
