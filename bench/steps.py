@@ -242,24 +242,16 @@ def _growth(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for label in dict.fromkeys([*low["steps"], *high["steps"]]):
         a = low["steps"].get(label, {}).get("ms_per_add", 0.0)
         b = high["steps"].get(label, {}).get("ms_per_add", 0.0)
-        rows.append(
-            {
-                "step": label,
-                "low_ms": a,
-                "high_ms": b,
-                "delta_ms": round(b - a, 3),
-                "ratio": round(b / a, 2) if a else None,
-            }
-        )
-    for key in ("python_ms_per_add", "add_mean_ms"):
-        a, b = low[key], high[key]
-        rows.append(
-            {
-                "step": key,
-                "low_ms": a,
-                "high_ms": b,
-                "delta_ms": round(b - a, 3),
-                "ratio": round(b / a, 2) if a else None,
-            }
-        )
+        rows.append(_growth_row(label, a, b))
+    rows += [_growth_row(key, low[key], high[key]) for key in ("python_ms_per_add", "add_mean_ms")]
     return sorted(rows, key=lambda r: -abs(r["delta_ms"]))
+
+
+def _growth_row(step: str, a: float, b: float) -> dict[str, Any]:
+    return {
+        "step": step,
+        "low_ms": a,
+        "high_ms": b,
+        "delta_ms": round(b - a, 3),
+        "ratio": round(b / a, 2) if a else None,
+    }
