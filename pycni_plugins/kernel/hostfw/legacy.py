@@ -3,18 +3,12 @@ parsed, where the table is loaded in the namespace and the host has the tools.""
 
 from __future__ import annotations
 
-import os
 import shlex
-import shutil
-import subprocess
 from collections.abc import Iterable
 
 import attrs
 
 from .model import _XT_NEUTRAL_TARGETS, Chain, Cond, Filter, Rule, _net
-
-#: Where the host's iptables tools live when ``PATH`` (an exec'd plugin's) lacks the sbin dirs.
-_SBIN = "/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin"
 
 _PART_OPTIONS = {
     "--dport",
@@ -160,21 +154,17 @@ def _legacy_loaded(version: int) -> bool:
 def read_legacy() -> list[Filter]:
     """Legacy iptables' ``filter`` tables of the calling thread's namespace, where they are loaded
     and the host has the legacy save tools (a child forked by this thread shares its namespace)."""
+    from ..iptables import IptablesError, run_tool
+
     out = []
     for version, tool in ((4, "iptables-legacy-save"), (6, "ip6tables-legacy-save")):
         if not _legacy_loaded(version):
             continue
-        path = shutil.which(tool, path=f"{os.environ.get('PATH', '')}:{_SBIN}")
-        if path is None:
-            continue
         try:
-            done = subprocess.run(
-                [path, "-t", "filter"], capture_output=True, text=True, timeout=10, check=False, env={"PATH": _SBIN}
-            )
-        except (OSError, subprocess.TimeoutExpired):
+            text = run_tool([tool, "-t", "filter"])
+        except IptablesError:
             continue
-        if done.returncode == 0:
-            parsed = parse_legacy(done.stdout, version)
-            if parsed is not None:
-                out.append(parsed)
+        parsed = parse_legacy(text, version)
+        if parsed is not None:
+            out.append(parsed)
     return out

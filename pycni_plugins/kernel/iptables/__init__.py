@@ -69,6 +69,7 @@ __all__ = [
     "admin_rules",
     "Rules",
     "read",
+    "run_tool",
     "apply",
     "append_existing",
     "remove_nft_fast",
@@ -124,7 +125,10 @@ class Place:
 # --- the host's tools -------------------------------------------------------------------------
 
 
-def _run(argv: list[str], stdin: str | None = None) -> str:
+def run_tool(argv: list[str], stdin: str | None = None) -> str:
+    """Run one of the host's iptables tools (looked up in the system's sbin and bin dirs only,
+    never the caller's ``PATH``) in the calling thread's namespace; its stdout, or
+    :class:`IptablesError`."""
     path = shutil.which(argv[0], path=_SBIN)
     if path is None:
         raise IptablesError(f"{argv[0]} not found", f"looked in {_SBIN}")
@@ -147,12 +151,12 @@ def _run(argv: list[str], stdin: str | None = None) -> str:
 
 def read(place: Place) -> Rules:
     """The ``filter`` table of ``place`` in the calling thread's namespace."""
-    return parse_save(_run([place.tool("-save"), "-t", "filter"]))
+    return parse_save(run_tool([place.tool("-save"), "-t", "filter"]))
 
 
 def _restore(place: Place, lines: Sequence[str]) -> None:
     if lines:
-        _run([place.tool("-restore"), "-w", "--noflush"], "*filter\n" + "\n".join(lines) + "\nCOMMIT\n")
+        run_tool([place.tool("-restore"), "-w", "--noflush"], "*filter\n" + "\n".join(lines) + "\nCOMMIT\n")
         if changes.log.isEnabledFor(DEBUG):
             changes.iptables(place.tool("-restore"), list(lines))
         if place.flavour == "legacy":
@@ -194,7 +198,7 @@ def look(place: Place) -> Table:
     if place.flavour == "legacy":
         if not loaded(place):
             return Table(False)
-        text = _run([place.tool("-save"), "-t", "filter"])
+        text = run_tool([place.tool("-save"), "-t", "filter"])
         rules = parse_save(text)
         policy = next((ln.split()[1].lower() for ln in text.splitlines() if ln.startswith(":FORWARD ")), "")
         return Table(True, rules.chains, policy, bool(rules.jumps), tuple(sig_of_tokens(r) for r in rules.ours()))
