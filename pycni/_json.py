@@ -142,12 +142,24 @@ class GoFields:
         return dict(self.pairs(obj))
 
 
-_single_field = functools.lru_cache(maxsize=1024)(GoFields)
+_folded_name = functools.lru_cache(maxsize=1024)(go_fold)
+
+
+def _folded_values(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj``'s values by the folded form of their key, the later key winning: for a single
+    field, exactly what :meth:`GoFields.pick` gives (every key that folds onto a field's name
+    reaches it). One pass over the keys serves every field read from ``obj``."""
+    items = obj.pairs if type(obj) is Repeated else obj.items()
+    return {
+        (key.lower() if key.isascii() else key.translate(_FOLD_TABLE)): value
+        for key, value in items
+        if isinstance(key, str)
+    }
 
 
 def go_field(obj: Mapping[str, Any], name: str) -> Any:
     """The value Go decodes into struct field ``name`` from ``obj`` (None when no key reaches it)."""
-    return _single_field(name).pick(obj).get(name)
+    return _folded_values(obj).get(_folded_name(name))
 
 
 T = TypeVar("T")
@@ -291,7 +303,7 @@ class GoReader:
     ``source`` reads another object (a nested struct) with the same error rule.
     """
 
-    __slots__ = ("obj", "struct", "_error")
+    __slots__ = ("obj", "struct", "_error", "_values")
 
     def __init__(
         self,
@@ -300,9 +312,14 @@ class GoReader:
         error: Callable[[GoValueError], Exception] | None = None,
     ) -> None:
         self.obj, self.struct, self._error = obj, struct, error
+        self._values: dict[str, Any] | None = None  # _folded_values(obj), made at the first read
 
     def get(self, name: str, source: Mapping[str, Any] | None = None) -> Any:
-        return go_field(self.obj if source is None else source, name)
+        if source is not None:
+            return go_field(source, name)
+        if self._values is None:
+            self._values = _folded_values(self.obj)
+        return self._values.get(_folded_name(name))
 
     def read(self, name: str, decode: Callable[[Any], T], source: Mapping[str, Any] | None = None) -> T:
         """Field ``name`` through ``decode`` (a typed getter); its error names the field."""

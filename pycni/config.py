@@ -55,8 +55,16 @@ class NetworkConfig:
     data: bytes = b""
     """The file's bytes for a single-plugin config (libcni keeps them exactly); else empty."""
 
+    _fields: Mapping[str, Any] | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    # ``raw`` decoded into PluginConf's fields once (a runtime reads type, name and
+    # capabilities of every plugin at every call; ``raw`` is never changed).
+
     def _field(self, name: str) -> Any:
-        return _PLUGIN_CONF.pick(self.raw).get(name)
+        fields = self._fields
+        if fields is None:
+            fields = _PLUGIN_CONF.pick(self.raw)
+            object.__setattr__(self, "_fields", fields)
+        return fields.get(name)
 
     @property
     def type(self) -> str:

@@ -38,25 +38,35 @@ class PluginRequest:
     args: str = ""
     path: tuple[str, ...] = ()
     state_dir: str = attrs.field(factory=default_state_dir)
+    _netconf: _json.GoReader | None = attrs.field(default=None, init=False, eq=False, repr=False)
+    # The NetConf fields below are read many times per call; ``config`` is never changed, so
+    # one reader (one pass over its keys) serves them all.
+
+    def _get(self, name: str) -> Any:
+        reader = self._netconf
+        if reader is None:
+            reader = _json.GoReader(self.config)
+            object.__setattr__(self, "_netconf", reader)
+        return reader.get(name)
 
     @property
     def cni_version(self) -> str:
-        value = _json.go_field(self.config, "cniVersion")
+        value = self._get("cniVersion")
         return value if isinstance(value, str) else ""
 
     @property
     def network_name(self) -> str:
-        value = _json.go_field(self.config, "name")
+        value = self._get("name")
         return value if isinstance(value, str) else ""
 
     @property
     def prev_result(self) -> Mapping[str, Any] | None:
-        value = _json.go_field(self.config, "prevResult")
+        value = self._get("prevResult")
         return value if isinstance(value, Mapping) else None
 
     @property
     def runtime_config(self) -> Mapping[str, Any]:
-        value = _json.go_field(self.config, "runtimeConfig")
+        value = self._get("runtimeConfig")
         return value if isinstance(value, Mapping) else {}
 
     def load_args(self, *known: str) -> dict[str, str]:

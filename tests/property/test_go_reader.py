@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pycni._json import INT64, GoReader, GoValueError, go_fold, go_kind, kind
+from pycni._json import INT64, GoFields, GoReader, GoValueError, dumps_compact, go_field, go_fold, go_kind, kind, loads
 from pycni.strategies import json_values
 
 SETTINGS = settings(max_examples=300, deadline=None, database=None)
@@ -48,3 +48,20 @@ def test_a_typed_read_gives_its_go_type_or_a_go_value_error(value, read):
 def test_a_key_reaches_the_field_exactly_or_under_gos_folding(field, key, value):
     got = GoReader({key: value}).get(field)
     assert (got == value) == (go_fold(key) == field)
+
+
+_KEYS = st.text("abksABKS\u017f\u212a", max_size=4)
+
+
+@SETTINGS
+@given(
+    field=st.text("abks", min_size=1, max_size=4),
+    pairs=st.lists(st.tuples(_KEYS, st.integers(0, 9)), max_size=6),
+)
+def test_one_pass_field_reads_give_what_gos_struct_decoder_leaves(field, pairs):
+    # go_field and GoReader read every field from one folded pass over the object; Go decodes
+    # each key in document order into the field it reaches (GoFields), the last one winning.
+    obj = loads("{" + ",".join(f"{dumps_compact(k)}:{v}" for k, v in pairs) + "}")  # Repeated if keys repeat
+    expected = dict(GoFields(field).pairs(obj)).get(field)
+    assert go_field(obj, field) == expected
+    assert GoReader(obj).get(field) == expected
