@@ -107,9 +107,10 @@ class ListRunner:
         for plugin in net.plugins:
             try:
                 self.backend.find(plugin.type, self.path)
-                validate_container_id(rt.container_id)
-                validate_network_name(net.name)
-                validate_attachment_key(net.name, rt.container_id, rt.ifname)
+                if plugin is net.plugins[0]:  # the same for every plugin: once (as the first's error)
+                    validate_container_id(rt.container_id)
+                    validate_network_name(net.name)
+                    validate_attachment_key(net.name, rt.container_id, rt.ifname)
                 if self.backend.is_builtin(plugin.type):
                     config = self.config(net, plugin, capability_args=rt.capability_args)
                     self.backend.validate(plugin.type, build_request("ADD", config, rt, self.path, self.state_dir))
