@@ -7,7 +7,9 @@ request filters) on top of the kernel's few microseconds, and an ``IPRoute`` ope
 thread another ~0.4 ms; building the message costs ~0.02 ms. The kernel handles the messages of
 one send in order, each on its own: a failed request does not stop the next ones, so a caller
 sends together only requests whose later members are harmless after an earlier failure (its
-undo removes what they did), and reads the answers in order.
+undo removes what they did), and reads the answers in order. Acknowledgements come without the
+request echoed back (``NETLINK_CAP_ACK``) and are read from their header and error code; only
+what a get or a dump returns is decoded by pyroute2.
 """
 
 from __future__ import annotations
