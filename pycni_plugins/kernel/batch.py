@@ -84,6 +84,9 @@ class _ifinfmsg_conf(ifinfmsg):  # type: ignore[misc]  # pyroute2's classes are 
                 )
 
 
+_INET_CONF_NAMES = frozenset(ifinfmsg.af_spec_inet.inet.field_names[1:])
+
+
 @attrs.frozen
 class Answer:
     """The kernel's answer to one request: its error (``None``: done) and, for a get or a dump,
@@ -173,6 +176,9 @@ class Requests:
         msg["flags"] = msg["change"] = IFF_UP if up else 0
         attributes: list[tuple[str, Any]] = [("IFLA_ADDRESS", address)] if address else []
         if inet_conf:
+            unknown = set(inet_conf) - _INET_CONF_NAMES
+            if unknown:  # pyroute2 would leave them out without a word
+                raise ValueError(f"unknown IPv4 link settings: {sorted(unknown)}")
             conf = [(f"IPV4_DEVCONF_{name.upper()}", value) for name, value in inet_conf.items()]
             inet = {"attrs": [("IFLA_INET_CONF", {"attrs": conf})]}
             attributes.append(("IFLA_AF_SPEC", {"attrs": [("AF_INET", inet)]}))

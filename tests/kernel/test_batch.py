@@ -174,3 +174,8 @@ def test_a_links_ipv4_settings_set_through_netlink_are_the_ones_proc_sys_then_sh
     assert before[:2] == ["0", "0"] and before[3] != "2"
     # each setting lands on its own sysctl (IPV4_DEVCONF_* numbering), the others stay as they were
     assert after == ["1", "1", before[2], "2"]
+
+
+def test_an_ipv4_link_setting_the_kernel_does_not_have_is_refused_before_sending() -> None:
+    with pytest.raises(ValueError, match="arp_nofity"):
+        batch.Requests().link_set(1, inet_conf={"arp_nofity": 1})
