@@ -186,14 +186,14 @@ def _quiet_sysctl(name: str, value: int) -> None:
 
 
 def _configure_container(ifname: str, result: Result, enable_dad: bool) -> None:
-    """The DAD and ARP sysctls (failures ignored, as upstream), then ``ipam.ConfigureIface``."""
+    """The DAD and ARP sysctls (failures ignored, as upstream), then ``ipam.ConfigureIface``.
+    ``arp_notify`` goes with the latter's netlink send; IPv6 settings have no netlink setter."""
     if enable_dad:
         _quiet_sysctl(f"net/ipv6/conf/{ifname}/enhanced_dad", 1)
         _quiet_sysctl(f"net/ipv6/conf/{ifname}/accept_dad", 1)
     else:
         _quiet_sysctl(f"net/ipv6/conf/{ifname}/accept_dad", 0)
-    _quiet_sysctl(f"net/ipv4/conf/{ifname}/arp_notify", 1)
-    ifconfig.configure_iface(ifname, result)
+    ifconfig.configure_iface(ifname, result, quiet_inet_conf={"arp_notify": 1})
 
 
 def _container_up(ifname: str) -> None:
@@ -285,7 +285,12 @@ class BridgePlugin(Plugin):
         ipr = a.ipr
         with failing(f'failed to create bridge "{conf.bridge}"'):
             # A bridge someone deleted comes back with the MAC the attachments' results report.
-            mac = _remembered_mac(a.records, conf.bridge) if links.ifindex(conf.bridge) is None else None
+            remembered: list[str | None] = []
+
+            def mac() -> str | None:
+                remembered.append(_remembered_mac(a.records, conf.bridge))
+                return remembered[0]
+
             br, created = links.ensure_bridge(
                 ipr, conf.bridge, mtu=conf.mtu, vlan_filtering=bool(conf.vlan or conf.vlan_trunk), mac=mac
             )
@@ -294,7 +299,7 @@ class BridgePlugin(Plugin):
         _quiet_sysctl(f"net/ipv6/conf/{conf.bridge}/accept_ra", 0)
         if not br.up:
             links.set_up(ipr, br.index)
-        if created and mac is not None:
+        if created and remembered and remembered[0] is not None:
             self._reattach(ipr, conf, br, request.network_name, a.records)
         failpoint("bridge.add.after-bridge")
         # Both ends get their MAC here: the result needs no read-back, and udev's

@@ -18,6 +18,7 @@ which still needs ``lo``. GC removes the records of attachments that are not val
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import attrs
@@ -39,14 +40,14 @@ def _records(request: PluginRequest) -> Records:
 
 
 def _lo_up() -> tuple[bool, list[Any]]:
-    """Bring lo up; whether it was down, and its addresses: one send (read, set UP, list)."""
+    """Bring lo up; whether it was down (its flags: one ioctl), and its addresses: one send
+    (set UP, list)."""
+    flags = links.flags_of(socket.if_indextoname(links.LOOPBACK_INDEX))
+    was_down = flags is None or not flags & batch.IFF_UP
     requests = batch.Requests()
-    state = requests.link_get(links.LOOPBACK_INDEX)
     up = requests.link_set(links.LOOPBACK_INDEX, up=True)
     listed = requests.addr_dump()
     answers = requests.send()
-    lo = answers[state].messages
-    was_down = not lo or not lo[0]["flags"] & batch.IFF_UP
     answers[up].check()
     found = addressing.of_link(answers[listed].check(), links.LOOPBACK_INDEX)
     for addr in found:

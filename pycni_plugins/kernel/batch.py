@@ -7,7 +7,9 @@ request filters) on top of the kernel's few microseconds, and an ``IPRoute`` ope
 thread another ~0.4 ms; building the message costs ~0.02 ms. The kernel handles the messages of
 one send in order, each on its own: a failed request does not stop the next ones, so a caller
 sends together only requests whose later members are harmless after an earlier failure (its
-undo removes what they did), and reads the answers in order.
+undo removes what they did), and reads the answers in order. Acknowledgements come without the
+request echoed back (``NETLINK_CAP_ACK``) and are read from their header and error code; only
+what a get or a dump returns is decoded by pyroute2.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import struct
+from collections.abc import Mapping
 from logging import DEBUG
 from typing import Any
 
 import attrs
-from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR
+from pyroute2.netlink import NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, nla
 from pyroute2.netlink.rtnl import (
     RTM_DELLINK,
     RTM_GETADDR,
@@ -45,8 +49,42 @@ _CREATE_EXCL, _CREATE_APPEND = 0x400 | 0x200, 0x400 | 0x800
 RT_TABLE_MAIN, RTPROT_BOOT, RTN_UNICAST = 254, 3, 1
 RT_SCOPE_UNIVERSE, RT_SCOPE_LINK = 0, 253
 _RECV = 1 << 16
+# linux/netlink.h: an acknowledgement without the request echoed back in it
+SOL_NETLINK, NETLINK_CAP_ACK = 270, 10
+_HEADER = struct.Struct("=IHHII")  # struct nlmsghdr: length, type, flags, sequence, port id
+_ERROR = struct.Struct("=i")  # struct nlmsgerr's error, right after the header (NLMSG_DONE's too)
 #: The requests that change something, as the debug log names them (:mod:`.changes`).
 _CHANGES = {RTM_NEWLINK: "link set", RTM_DELLINK: "link del", RTM_NEWADDR: "addr add", RTM_NEWROUTE: "route append"}
+
+
+class _ifinfmsg_conf(ifinfmsg):  # type: ignore[misc]  # pyroute2's classes are untyped (Any)
+    """pyroute2's link message whose IFLA_AF_SPEC → AF_INET → IFLA_INET_CONF is what the kernel's
+    setter (``inet_set_link_af``, net/ipv4/devinet.c) takes: one u32 attribute per setting, its
+    type the setting's ``IPV4_DEVCONF_*`` number. pyroute2 only knows the dump's form, a flat
+    array of every setting (which the setter refuses: an attribute of type 0)."""
+
+    nla_map = tuple(("IFLA_AF_SPEC", "af_spec_set") if e[0] == "IFLA_AF_SPEC" else e for e in ifinfmsg.nla_map)
+    # pyroute2 compiles a class's nla_map on its first message and marks the class done; a
+    # subclass would inherit ifinfmsg's mark (and tables) if ifinfmsg was used first.
+    _nlmsg_base__compiled_nla = False
+
+    class af_spec_set(nla):  # type: ignore[misc]
+        nla_map = ((socket.AF_INET, "AF_INET", "inet"),)
+
+        class inet(nla):  # type: ignore[misc]
+            nla_map = (("IFLA_INET_UNSPEC", "none"), ("IFLA_INET_CONF", "conf"))
+
+            class conf(nla):  # type: ignore[misc]
+                # linux/ip.h: IPV4_DEVCONF_FORWARDING = 1, ...: the order of pyroute2's dump fields
+                # (its first, "dummy", is the dump's attribute header)
+                nla_map = tuple(
+                    (number, f"IPV4_DEVCONF_{name.upper()}", "uint32")
+                    for number, name in enumerate(ifinfmsg.af_spec_inet.inet.field_names)
+                    if number
+                )
+
+
+_INET_CONF_NAMES = frozenset(ifinfmsg.af_spec_inet.inet.field_names[1:])
 
 
 @attrs.frozen
@@ -128,12 +166,23 @@ class Requests:
         """``ip link del`` by name (a veth's peer goes with it)."""
         return self._add(ifinfmsg(), RTM_DELLINK, NLM_F_ACK, [("IFLA_IFNAME", name)])
 
-    def link_set(self, index: int, *, up: bool = False, address: str | None = None) -> int:
-        """``ip link set``: UP (when ``up``) and the MAC (when ``address``)."""
-        msg = ifinfmsg()
+    def link_set(
+        self, index: int, *, up: bool = False, address: str | None = None, inet_conf: Mapping[str, int] | None = None
+    ) -> int:
+        """``ip link set``: UP (when ``up``), the MAC (when ``address``), and the link's IPv4
+        settings ``inet_conf`` (``/proc/sys/net/ipv4/conf/<link>/`` names: ``{"arp_notify": 1}``)."""
+        msg = _ifinfmsg_conf() if inet_conf else ifinfmsg()
         msg["index"] = index
         msg["flags"] = msg["change"] = IFF_UP if up else 0
-        return self._add(msg, RTM_NEWLINK, NLM_F_ACK, [("IFLA_ADDRESS", address)] if address else [])
+        attributes: list[tuple[str, Any]] = [("IFLA_ADDRESS", address)] if address else []
+        if inet_conf:
+            unknown = set(inet_conf) - _INET_CONF_NAMES
+            if unknown:  # pyroute2 would leave them out without a word
+                raise ValueError(f"unknown IPv4 link settings: {sorted(unknown)}")
+            conf = [(f"IPV4_DEVCONF_{name.upper()}", value) for name, value in inet_conf.items()]
+            inet = {"attrs": [("IFLA_INET_CONF", {"attrs": conf})]}
+            attributes.append(("IFLA_AF_SPEC", {"attrs": [("AF_INET", inet)]}))
+        return self._add(msg, RTM_NEWLINK, NLM_F_ACK, attributes)
 
     def addr_add(self, index: int, addr: Any, *, nodad: bool = False) -> int:
         """``ip addr add`` of an ``ipaddress`` interface; IPv4 prefixes shorter than /31 get their
@@ -200,6 +249,7 @@ class Requests:
             return []
         sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
         try:
+            sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
             sock.bind((0, 0))
             sock.send(b"".join(self._data))
             answers = self._answers(sock)
@@ -215,24 +265,29 @@ class Requests:
         return answers
 
     def _answers(self, sock: socket.socket) -> list[Answer]:
+        """Every request's answer. An acknowledgement (most answers) is read from its header and
+        error code alone; only the messages a get or a dump returns go through pyroute2's
+        decoding, one by one."""
         marshal = MarshalRtnl()
         messages: dict[int, list[Any]] = {}
         errors: dict[int, LinkError] = {}
         pending = set(range(1, len(self._data) + 1))
         while pending:
-            for msg in marshal.parse(sock.recv(_RECV)):
-                header = msg["header"]
-                seq = header["sequence_number"]
-                if seq not in pending:
-                    continue
-                if header["type"] == NLMSG_ERROR or header["type"] == NLMSG_DONE:
-                    error = header.get("error")
-                    if error is not None:
-                        code = abs(getattr(error, "code", errno.EIO))
-                        errors[seq] = LinkError(code, os.strerror(code))
-                    pending.discard(seq)
-                    continue
-                messages.setdefault(seq, []).append(msg)
-                if seq not in self._dumps:
-                    pending.discard(seq)  # a get's one answer (its acknowledgement, next, is not awaited)
+            data = sock.recv(_RECV)
+            offset = 0
+            while offset + _HEADER.size <= len(data):
+                length, kind, _, seq, _ = _HEADER.unpack_from(data, offset)
+                if length < _HEADER.size:
+                    break
+                if seq in pending:
+                    if kind == NLMSG_ERROR or kind == NLMSG_DONE:
+                        code = -_ERROR.unpack_from(data, offset + _HEADER.size)[0] if length >= _HEADER.size + 4 else 0
+                        if code:
+                            errors[seq] = LinkError(code, os.strerror(code))
+                        pending.discard(seq)
+                    else:
+                        messages.setdefault(seq, []).extend(marshal.parse(data[offset : offset + length]))
+                        if seq not in self._dumps:
+                            pending.discard(seq)  # a get's one answer (its acknowledgement, next, is not awaited)
+                offset += (length + 3) & ~3
         return [Answer(errors.get(seq), tuple(messages.get(seq, ()))) for seq in range(1, len(self._data) + 1)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from pycni.types import IPConfig, Result, Route
 
@@ -27,11 +27,12 @@ __all__ = [
 ]
 
 
-def configure_iface(ifname: str, result: Result) -> None:
+def configure_iface(ifname: str, result: Result, *, quiet_inet_conf: Mapping[str, int] | None = None) -> None:
     """Addresses (those whose ``interface`` names ``ifname``), link up, then routes; a route
     without a gateway uses the first gateway of its family. IPv6 gets ``disable_ipv6=0`` on
     ``lo`` and the interface and ``keep_addr_on_down=1``, and waits for DAD to settle when a
-    gateway is IPv6.
+    gateway is IPv6. ``quiet_inet_conf``: the interface's IPv4 settings (``/proc/sys/net/ipv4/
+    conf/<ifname>/`` names) set first, through netlink in the same send, a failure ignored.
 
     The requests go in one send (:mod:`.batch`), or two around the DAD wait: the kernel still
     applies those after a failed one, which the caller's undo (the interface deleted or handed
@@ -45,6 +46,8 @@ def configure_iface(ifname: str, result: Result) -> None:
     gateways: dict[int, str] = {}
     v6_enabled = False
     requests = batch.Requests()
+    if quiet_inet_conf:
+        requests.link_set(index, inet_conf=quiet_inet_conf)  # its answer is not read
     steps: list[tuple[int, str]] = []  # (answer position, what failed)
     for ip in result.ips:
         if ip.interface is None:

@@ -27,9 +27,11 @@ from __future__ import annotations
 import atexit
 import contextvars
 import errno
+import fcntl
 import os
 import secrets
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -59,6 +61,7 @@ __all__ = [
     "fetch_link",
     "link_info",
     "ifindex",
+    "flags_of",
     "dump_links",
     "netnsid",
     "random_mac",
@@ -229,18 +232,31 @@ class Link:
 
 
 def _link(msg: Any) -> Link:
+    """The :class:`Link` of an RTM_NEWLINK message: the attributes listed in one pass, and only
+    the ones read decoded (pyroute2 decodes an attribute when its value is asked for; its
+    ``msg.get`` walks the ~60 attributes each time)."""
+    slots: dict[str, Any] = {}
+    for slot in msg["attrs"]:
+        slots.setdefault(slot.name, slot)
+
+    def value(name: str, default: Any) -> Any:
+        slot = slots.get(name)
+        found = slot.get_value() if slot is not None else None
+        return default if found is None else found
+
+    info = value("IFLA_LINKINFO", None)
     return Link(
         index=msg["index"],
-        name=msg.get("ifname", ""),
-        mac=msg.get("address", ""),
-        kind=msg.get(("linkinfo", "kind")) or "",
+        name=value("IFLA_IFNAME", ""),
+        mac=value("IFLA_ADDRESS", ""),
+        kind=(info.get_attr("IFLA_INFO_KIND") if info is not None else None) or "",
         flags=msg["flags"],
-        mtu=msg.get("mtu", 0),
-        master=msg.get("master", 0),
-        peer_index=msg.get("link", 0),
-        operstate=msg.get("operstate", "UNKNOWN"),
-        txqlen=msg.get("txqlen", 0),
-        peer_netnsid=msg.get("link_netnsid"),
+        mtu=value("IFLA_MTU", 0),
+        master=value("IFLA_MASTER", 0),
+        peer_index=value("IFLA_LINK", 0),
+        operstate=value("IFLA_OPERSTATE", "UNKNOWN"),
+        txqlen=value("IFLA_TXQLEN", 0),
+        peer_netnsid=value("IFLA_LINK_NETNSID", None),
     )
 
 
@@ -305,6 +321,28 @@ def ifindex(name: str) -> int | None:
         return None
 
 
+# linux/sockios.h; struct ifreq (linux/if.h): the name, then a 24-byte union whose ifr_flags is a short
+SIOCGIFFLAGS = 0x8913
+_IFREQ_FLAGS = struct.Struct("=16sH22x")
+
+
+def flags_of(name: str) -> int | None:
+    """The ``IFF_*`` flags of link ``name`` in the calling thread's namespace (their low 16 bits),
+    ``None`` if there is none: one ``SIOCGIFFLAGS`` ioctl, as :func:`ifindex` is one, where a
+    decoded RTM_GETLINK reply costs ~0.3 ms. For the flags set on the link (``IFF_UP``): the
+    ones the kernel derives (``IFF_RUNNING``) lag behind what netlink reports (see
+    :func:`wait_oper_up`)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        try:
+            answer = fcntl.ioctl(sock, SIOCGIFFLAGS, _IFREQ_FLAGS.pack(name.encode(), 0))
+        except OSError as e:
+            if e.errno == errno.ENODEV:
+                return None
+            raise
+    flags: int = _IFREQ_FLAGS.unpack(answer)[1]
+    return flags
+
+
 def dump_links(ipr: IPRoute) -> list[Link]:
     return [_link(m) for m in call(ipr.link, "dump")]
 
@@ -332,21 +370,27 @@ def random_veth_name() -> str:
 
 
 def ensure_bridge(
-    ipr: IPRoute, name: str, *, mtu: int = 0, vlan_filtering: bool = False, mac: str | None = None
+    ipr: IPRoute,
+    name: str,
+    *,
+    mtu: int = 0,
+    vlan_filtering: bool = False,
+    mac: Callable[[], str | None] | None = None,
 ) -> tuple[Link, bool]:
     """The bridge ``name``, created if missing (a concurrent creator's EEXIST is fine).
 
     Returns the link and whether this call created it. An existing bridge's MTU and VLAN
     filtering are left as they are, as the reference plugin does. A kernel without VLAN
-    filtering refuses the whole request, so nothing is left behind. A new bridge gets ``mac``
-    (default: a random one).
+    filtering refuses the whole request, so nothing is left behind. A new bridge gets the MAC
+    ``mac`` gives (asked only then; default, or ``None`` from it: a random one).
     """
     link = fetch_link(name)
     created = False
     if link is None:
         # An explicit MAC at creation makes it "set", so the kernel never swaps it for the lowest
         # port's MAC as ports come and go: every ADD sees, and reports, the same bridge MAC.
-        spec: dict[str, Any] = {"ifname": name, "kind": "bridge", "address": mac or random_mac()}
+        address = (mac() if mac is not None else None) or random_mac()
+        spec: dict[str, Any] = {"ifname": name, "kind": "bridge", "address": address}
         if vlan_filtering:
             spec["br_vlan_filtering"] = 1
         if mtu > 0:
@@ -498,7 +542,10 @@ def wait_oper_up(name: str, timeout: float = 2.5) -> str:
     """Poll until the link's operstate is UP; returns the last state seen.
 
     A fresh bridge port turns UP when its veth peer comes up, a workqueue hop later: usually
-    within a millisecond, so the first sleeps are short.
+    within a millisecond, so the first sleeps are short. Read through netlink, whose answer
+    settles the link's pending state change first (``linkwatch_sync_dev``): the ioctl's
+    ``IFF_RUNNING`` (:func:`flags_of`) still says running for a while after a veth without a
+    carrier is set UP.
     """
     deadline = time.monotonic() + timeout
     delay = 0.0002

@@ -14,7 +14,7 @@ from pyroute2.iproute.linux import IPBatch
 from pyroute2.netlink.rtnl.marshal import MarshalRtnl
 
 from pycni import netns
-from pycni_plugins.kernel import addressing, batch, links, routing
+from pycni_plugins.kernel import addressing, batch, links, routing, sysctl
 
 pytestmark = pytest.mark.privileged
 
@@ -156,3 +156,26 @@ def test_a_veth_is_the_message_pyroute2s_api_sends(host, mtu, master, peer_mac) 
         assert _decoded(b"".join(requests._data)) == _decoded(bytes(compiler.batch))
     finally:
         compiler.close()
+
+
+def test_a_links_ipv4_settings_set_through_netlink_are_the_ones_proc_sys_then_shows(make_netns) -> None:
+    ns = make_netns("c")
+    names = ("arp_notify", "route_localnet", "proxy_arp", "rp_filter")
+
+    def body() -> tuple[list[str], list[str], Any]:
+        before = [sysctl.read(f"net/ipv4/conf/lo/{name}") for name in names]
+        requests = batch.Requests()
+        requests.link_set(links.LOOPBACK_INDEX, inet_conf={"arp_notify": 1, "route_localnet": 1, "rp_filter": 2})
+        answer = requests.send()[0]
+        return before, [sysctl.read(f"net/ipv4/conf/lo/{name}") for name in names], answer.error
+
+    before, after, error = netns.run_in(ns.path, body)
+    assert error is None
+    assert before[:2] == ["0", "0"] and before[3] != "2"
+    # each setting lands on its own sysctl (IPV4_DEVCONF_* numbering), the others stay as they were
+    assert after == ["1", "1", before[2], "2"]
+
+
+def test_an_ipv4_link_setting_the_kernel_does_not_have_is_refused_before_sending() -> None:
+    with pytest.raises(ValueError, match="arp_nofity"):
+        batch.Requests().link_set(1, inet_conf={"arp_nofity": 1})

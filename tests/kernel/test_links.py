@@ -117,3 +117,28 @@ def test_link_info_routes_and_rules_are_what_the_plugins_read(make_netns):
             assert rule not in routing.dump_rules(ipr, socket.AF_INET)
 
     netns.run_in(ns.path, probe)
+
+
+def test_flags_of_reads_the_up_flag_netlink_reads_and_none_for_a_missing_link(make_netns):
+    ns = make_netns("w")
+
+    def probe() -> list[tuple[int | None, int]]:
+        with links.iproute() as ipr:
+            links.call(ipr.link, "add", ifname="vw0", kind="veth", peer="vw1")
+            index = links.ifindex("vw0")
+            assert index is not None
+            seen = []
+            for up in (False, True):
+                if up:
+                    links.set_up(ipr, index)
+                link = links.get_link(ipr, index=index)
+                assert link is not None
+                seen.append((links.flags_of("vw0"), link.flags))
+            assert links.flags_of("nothere") is None
+            return seen
+
+    (down, down_nl), (up, up_nl) = netns.run_in(ns.path, probe)
+    assert down is not None and up is not None
+    assert not down & links.IFF_UP and not down_nl & links.IFF_UP
+    assert up & links.IFF_UP and up_nl & links.IFF_UP
+    assert down & 0xFF0F == down_nl & 0xFF0F  # the rest alike, IFF_RUNNING (0x40) aside
