@@ -119,6 +119,9 @@ class _macvlan_data(macvx_data):  # type: ignore[misc]  # pyroute2's classes are
         ("IFLA_MACVLAN_BC_QUEUE_LEN", "uint32"),
         ("IFLA_MACVLAN_BC_QUEUE_LEN_USED", "uint32"),
     )
+    # A subclass inherits pyroute2's "nla_map compiled" mark: had macvx_data (macvtap's) been
+    # used first, this class would use macvx_data's tables and drop the two attributes above.
+    _nlmsg_base__compiled_nla = False
 
     class mode(nlmsg_atoms.uint32):  # type: ignore[misc]  # pyroute2's classes are untyped (Any)
         value_map = {0: "none", 1: "private", 2: "vepa", 4: "bridge", 8: "passthru", 16: "source"}
