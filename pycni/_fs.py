@@ -1,6 +1,7 @@
 """The file rules the runtime and the plugins share: the ownership rule for pycni's private
 directories (results cache, plugin state records), the rule for a path root runs or trusts
-(installed plugins, later the daemon's socket) and the one atomic write.
+(installed plugins, later the daemon's socket), the one atomic write, and the directory fds a
+process keeps open for those directories between calls.
 
 Both sides trust a directory for the same reasons: what is in it decides what DEL and GC remove,
 so a directory that another uid owns, or that anyone else may read or write, could hold planted
@@ -15,8 +16,15 @@ import errno
 import os
 import secrets
 import stat
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import overload
 
-__all__ = ["check_private_dir", "unsafe_ancestor", "write_atomic"]
+__all__ = ["Identity", "KeptDirs", "check_private_dir", "identity", "kept_dirs", "unsafe_ancestor", "write_atomic"]
+
+#: An open directory's (device, inode), as ``fstat`` gives it.
+Identity = tuple[int, int]
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -89,3 +97,114 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, excl
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)  # gone already after a rename
+
+
+def identity(fd: int) -> Identity:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+class _Kept:
+    __slots__ = ("dropped", "fd", "ids", "users")
+
+    def __init__(self, fd: int, ids: tuple[Identity, ...]) -> None:
+        self.fd, self.ids, self.users, self.dropped = fd, ids, 1, False
+
+
+class KeptDirs:
+    """Directory fds kept open between calls, so that a process writing many records does not
+    make, open and check the same directories for each one (7 syscalls)
+    but ``lstat`` their paths (one each).
+
+    An entry is used only while each of its paths still names the very directory opened for
+    it: same (device, inode) — the kept fd holds that inode, so a directory removed and
+    re-created under us cannot come back with its number — and the last one still private to
+    this uid. Otherwise (a path gone, replaced, a symlink now, chmod'ed) the entry is dropped
+    and ``opener`` runs as on first use, with its checks and its errors. At most ``limit``
+    entries; one dropped while in use is closed by its last user.
+    """
+
+    def __init__(self, limit: int = 32) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[str, ...], _Kept] = OrderedDict()
+
+    @overload
+    def use(
+        self, paths: tuple[str, ...], opener: Callable[[], tuple[int, tuple[Identity, ...]]]
+    ) -> contextlib.AbstractContextManager[int]: ...
+    @overload
+    def use(
+        self, paths: tuple[str, ...], opener: Callable[[], tuple[int, tuple[Identity, ...]] | None]
+    ) -> contextlib.AbstractContextManager[int | None]: ...
+    def use(
+        self, paths: tuple[str, ...], opener: Callable[[], tuple[int, tuple[Identity, ...]] | None]
+    ) -> contextlib.AbstractContextManager[int | None]:
+        """The fd of the directory at ``paths[-1]`` (the paths before it: its ancestors whose
+        identity matters too). ``opener`` opens and checks it the slow way and returns the fd
+        (which becomes ours) with the identities of ``paths``, or ``None`` (yielded) when it
+        does not exist; what it raises passes through."""
+        return self._use(paths, opener)
+
+    @contextlib.contextmanager
+    def _use(
+        self, paths: tuple[str, ...], opener: Callable[[], tuple[int, tuple[Identity, ...]] | None]
+    ) -> Iterator[int | None]:
+        with self._lock:
+            entry = self._kept.get(paths)
+            if entry is not None:
+                entry.users += 1
+                self._kept.move_to_end(paths)
+        if entry is not None and not self._current(paths, entry.ids):
+            self._release(entry, drop=paths)
+            entry = None
+        if entry is None:
+            opened = opener()
+            if opened is None:
+                yield None
+                return
+            entry = _Kept(*opened)
+            with self._lock:
+                self._drop(paths)
+                self._kept[paths] = entry
+                while len(self._kept) > self.limit:
+                    self._drop(next(iter(self._kept)))
+        try:
+            yield entry.fd
+        finally:
+            self._release(entry)
+
+    @staticmethod
+    def _current(paths: tuple[str, ...], ids: tuple[Identity, ...]) -> bool:
+        try:
+            stats = [os.lstat(p) for p in paths]
+        except OSError:
+            return False
+        last = stats[-1]
+        private = last.st_uid == os.geteuid() and not stat.S_IMODE(last.st_mode) & 0o077
+        return private and all((st.st_dev, st.st_ino) == i for st, i in zip(stats, ids, strict=True))
+
+    def _drop(self, paths: tuple[str, ...]) -> None:
+        """Forget the entry (the caller holds the lock); closed now unless in use."""
+        entry = self._kept.pop(paths, None)
+        if entry is not None:
+            entry.dropped = True
+            if not entry.users:
+                os.close(entry.fd)
+
+    def _release(self, entry: _Kept, drop: tuple[str, ...] | None = None) -> None:
+        with self._lock:
+            entry.users -= 1
+            if drop is not None and self._kept.get(drop) is entry:
+                self._drop(drop)
+            elif entry.dropped and not entry.users:
+                os.close(entry.fd)
+
+    def _forget_in_child(self) -> None:
+        # A fork copies the fds too, but not the thread that may have held the lock.
+        self._lock = threading.Lock()
+
+
+#: The process's kept directories (plugin state records, results cache).
+kept_dirs = KeptDirs()
+os.register_at_fork(after_in_child=kept_dirs._forget_in_child)

@@ -17,10 +17,10 @@ import errno
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, overload
 
-from pycni._fs import check_private_dir, write_atomic
+from pycni._fs import Identity, check_private_dir, identity, kept_dirs, write_atomic
 from pycni.errors import CNIError, ErrorCode
 
 __all__ = ["Records"]
@@ -49,44 +49,40 @@ class Records:
     def _dir(self, create: Literal[False]) -> contextlib.AbstractContextManager[int | None]: ...
     def _dir(self, create: bool) -> contextlib.AbstractContextManager[int | None]:
         """The open directory fd; ``None`` (only without ``create``) when it does not exist."""
-        return self._open_dir(create)
+        # Kept open between calls (one lstat of the state dir and of this kind's dir instead
+        # of making, opening and checking both): see pycni._fs.KeptDirs for when it is not.
+        return kept_dirs.use((self.root, f"{self.root}/{self.sub}"), lambda: self._opened(create))
 
-    @contextlib.contextmanager
-    def _open_dir(self, create: bool) -> Iterator[int | None]:
+    def _opened(self, create: bool) -> tuple[int, tuple[Identity, Identity]] | None:
+        """The directory opened the slow way, with the identities of the state dir and of it;
+        ``None`` (only without ``create``) when it does not exist."""
         root = self.root
         try:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.makedirs(root, mode=0o700)
-            top = os.open(root, _DIR_FLAGS)
+            top = _open_or_make(root, create, lambda: os.makedirs(root, mode=0o700))
         except FileNotFoundError:
             if create:
                 raise
-            yield None
-            return
+            return None
         except OSError as e:  # a symlink (O_NOFOLLOW) or a file where the directory should be
             raise _refused(root, e) from None
         try:
             try:
-                if create:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(self.sub, 0o700, dir_fd=top)
-                fd = os.open(self.sub, _DIR_FLAGS, dir_fd=top)
+                fd = _open_or_make(self.sub, create, lambda: os.mkdir(self.sub, 0o700, dir_fd=top), dir_fd=top)
             except FileNotFoundError:
                 if create:
                     raise
-                yield None
-                return
+                return None
             except OSError as e:
                 raise _refused(f"{root}/{self.sub}", e) from None
             try:
-                try:
-                    check_private_dir(fd, f"state dir {root}/{self.sub}")
-                except PermissionError as e:
-                    raise _refused(f"{root}/{self.sub}", e) from None
-                yield fd
-            finally:
+                check_private_dir(fd, f"state dir {root}/{self.sub}")
+                return fd, (identity(top), identity(fd))
+            except PermissionError as e:
                 os.close(fd)
+                raise _refused(f"{root}/{self.sub}", e) from None
+            except BaseException:
+                os.close(fd)
+                raise
         finally:
             os.close(top)
 
@@ -137,7 +133,25 @@ class Records:
         with self._dir(create=False) as d:
             if d is None:
                 return []
-            return sorted(n for n in os.listdir(d) if not n.startswith("."))
+            # A listing of its own: a kept fd's offset is shared with every thread using it.
+            listed = os.open(".", _DIR_FLAGS, dir_fd=d)
+        try:
+            return sorted(n for n in os.listdir(listed) if not n.startswith("."))
+        finally:
+            os.close(listed)
+
+
+def _open_or_make(path: str, create: bool, make: Callable[[], None], dir_fd: int | None = None) -> int:
+    """Open the directory; made first only when it is missing and ``create`` (no mkdir, and
+    no makedirs' stats, for one that exists)."""
+    try:
+        return os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):  # a racing maker
+        make()
+    return os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
 
 
 def _refused(path: str, e: OSError) -> CNIError:
