@@ -21,7 +21,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import overload
 
-__all__ = ["Identity", "KeptDirs", "check_private_dir", "identity", "kept_dirs", "unsafe_ancestor", "write_atomic"]
+__all__ = [
+    "Identity",
+    "KeptDirs",
+    "check_private_dir",
+    "identity",
+    "kept_dirs",
+    "make_dirs",
+    "unsafe_ancestor",
+    "write_atomic",
+]
 
 #: An open directory's (device, inode), as ``fstat`` gives it.
 Identity = tuple[int, int]
@@ -97,6 +106,31 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, excl
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)  # gone already after a rename
+
+
+def make_dirs(path: str, mode: int = 0o700, *, dir_fd: int | None = None) -> None:
+    """``os.makedirs`` (missing ancestors made with the default mode, ``path`` with ``mode``;
+    ``FileExistsError`` when ``path`` exists), each new entry made durable in its parent: a
+    record written durably into a directory is only as durable as the directory's own entry.
+    With ``dir_fd``, ``path`` is one name in that directory."""
+    if dir_fd is not None:
+        os.mkdir(path, mode, dir_fd=dir_fd)
+        os.fsync(dir_fd)
+        return
+    parent = os.path.dirname(path.rstrip("/"))
+    try:
+        os.mkdir(path, mode)
+    except FileNotFoundError:
+        if not parent or parent == path:
+            raise
+        with contextlib.suppress(FileExistsError):  # a racing maker
+            make_dirs(parent, 0o777)
+        os.mkdir(path, mode)
+    pfd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(pfd)
+    finally:
+        os.close(pfd)
 
 
 def identity(fd: int) -> Identity:

@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 
 from . import _json
-from ._fs import Identity, check_private_dir, identity, kept_dirs, write_atomic
+from ._fs import Identity, check_private_dir, identity, kept_dirs, make_dirs, write_atomic
 from .errors import CacheError, ErrorCode, InvalidArgumentError
 from .sdk.validate import NAME_PATTERN, validate_attachment_key
 
@@ -190,8 +190,9 @@ class ResultsCache:
             raise _unusable(path, e) from None
         if fd is None:
             try:
-                os.makedirs(self.root, mode=0o700, exist_ok=True)
-                os.mkdir(path, 0o700)
+                with contextlib.suppress(FileExistsError):
+                    make_dirs(self.root)
+                make_dirs(path)  # durably: an entry written durably in it must survive a power cut
             except FileExistsError:
                 pass
             except OSError as e:

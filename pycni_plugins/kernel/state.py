@@ -7,7 +7,8 @@ what they describe; the epoch check in :mod:`.nft` and ``pycni gc --reconcile`` 
 Directories are 0700 and files 0600; the state dir itself and every path below it are opened
 with ``O_NOFOLLOW`` (below it, relative to a directory fd), so a symlink planted there is
 refused (``IO_FAILURE``) rather than followed. Writes are atomic and durable
-(:func:`pycni._fs.write_atomic`).
+(:func:`pycni._fs.write_atomic`), and so are the directories' entries (made with
+:func:`pycni._fs.make_dirs`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, overload
 
-from pycni._fs import Identity, check_private_dir, identity, kept_dirs, write_atomic
+from pycni._fs import Identity, check_private_dir, identity, kept_dirs, make_dirs, write_atomic
 from pycni.errors import CNIError, ErrorCode
 
 __all__ = ["Records"]
@@ -58,7 +59,7 @@ class Records:
         ``None`` (only without ``create``) when it does not exist."""
         root = self.root
         try:
-            top = _open_or_make(root, create, lambda: os.makedirs(root, mode=0o700))
+            top = _open_or_make(root, create, lambda: make_dirs(root))
         except FileNotFoundError:
             if create:
                 raise
@@ -67,7 +68,7 @@ class Records:
             raise _refused(root, e) from None
         try:
             try:
-                fd = _open_or_make(self.sub, create, lambda: os.mkdir(self.sub, 0o700, dir_fd=top), dir_fd=top)
+                fd = _open_or_make(self.sub, create, lambda: make_dirs(self.sub, dir_fd=top), dir_fd=top)
             except FileNotFoundError:
                 if create:
                     raise
