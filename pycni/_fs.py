@@ -85,6 +85,7 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, excl
     """
     tmp = f".{secrets.token_hex(8)}.tmp"  # not derived from name: a 255-byte name must fit
     fd = os.open(tmp, _TEMP_FLAGS, mode, dir_fd=dir_fd)
+    renamed = False
     try:
         try:
             os.fchmod(fd, mode)  # what the umask took off os.open's mode
@@ -101,11 +102,13 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, excl
                 return False
         else:
             os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            renamed = True
         os.fsync(dir_fd)
         return True
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)  # gone already after a rename
+        if not renamed:  # a rename took the temp name with it
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
 
 
 def make_dirs(path: str, mode: int = 0o700, *, dir_fd: int | None = None) -> None:

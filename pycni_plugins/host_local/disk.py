@@ -62,10 +62,11 @@ class DiskStore:
             raise os_fail("open", data_dir, e) from None
         try:
             try:
-                os.mkdir(network, 0o755, dir_fd=parent)
-            except FileExistsError:
-                pass
-            self.fd = os.open(network, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+                self.fd = os.open(network, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+            except FileNotFoundError:  # made only when missing: no failed mkdir per call
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(network, 0o755, dir_fd=parent)
+                self.fd = os.open(network, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
         except OSError as e:
             if e.errno == errno.ENOTDIR and os.path.islink(self.path):  # what O_DIRECTORY says of a symlink
                 raise refuse_symlink(self.path) from None
