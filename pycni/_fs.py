@@ -18,22 +18,19 @@ import secrets
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from typing import overload
+from collections.abc import Callable
+from typing import Generic, TypeVar, cast, overload
 
 __all__ = [
-    "Identity",
     "KeptDirs",
     "check_private_dir",
-    "identity",
     "kept_dirs",
     "make_dirs",
     "unsafe_ancestor",
     "write_atomic",
 ]
 
-#: An open directory's (device, inode), as ``fstat`` gives it.
-Identity = tuple[int, int]
+_Fd = TypeVar("_Fd", bound="int | None", covariant=True)
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -136,28 +133,29 @@ def make_dirs(path: str, mode: int = 0o700, *, dir_fd: int | None = None) -> Non
         os.close(pfd)
 
 
-def identity(fd: int) -> Identity:
-    st = os.fstat(fd)
-    return st.st_dev, st.st_ino
-
-
 class _Kept:
-    __slots__ = ("dropped", "fd", "ids", "users")
+    __slots__ = ("dropped", "fds", "ids", "users")
 
-    def __init__(self, fd: int, ids: tuple[Identity, ...]) -> None:
-        self.fd, self.ids, self.users, self.dropped = fd, ids, 1, False
+    def __init__(self, fds: tuple[int, ...]) -> None:
+        self.fds, self.users, self.dropped = fds, 1, False
+        self.ids = tuple((st.st_dev, st.st_ino) for st in map(os.fstat, fds))
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
 
 
 class KeptDirs:
     """Directory fds kept open between calls, so that a process writing many records does not
-    make, open and check the same directories for each one (7 syscalls)
-    but ``lstat`` their paths (one each).
+    make, open and check the same directories for each one.
 
-    An entry is used only while each of its paths still names the very directory opened for
-    it: same (device, inode) — the kept fd holds that inode, so a directory removed and
-    re-created under us cannot come back with its number — and the last one still private to
-    this uid. Otherwise (a path gone, replaced, a symlink now, chmod'ed) the entry is dropped
-    and ``opener`` runs as on first use, with its checks and its errors. At most ``limit``
+    An entry is a chain of directories: ``path`` and then names, each in the one before. It is
+    used only while every link still names the very directory opened for it, as one ``lstat``
+    of ``path`` and one ``fstatat`` of each name (relative to the kept fd before it) show:
+    same (device, inode) — a kept fd holds its inode, so a directory removed and re-created
+    under us cannot come back with that number — and the last still private to this uid.
+    Otherwise (gone, replaced, renamed away, a symlink now, opened up) the entry is dropped
+    and ``opener`` runs, as on first use, with its checks and errors. At most ``limit``
     entries; one dropped while in use is closed by its last user.
     """
 
@@ -167,67 +165,48 @@ class KeptDirs:
         self._kept: OrderedDict[tuple[str, ...], _Kept] = OrderedDict()
 
     @overload
-    def use(
-        self, paths: tuple[str, ...], opener: Callable[[], tuple[int, tuple[Identity, ...]]]
-    ) -> contextlib.AbstractContextManager[int]: ...
+    def use(self, chain: tuple[str, ...], opener: Callable[[], tuple[int, ...]]) -> _Use[int]: ...
     @overload
-    def use(
-        self, paths: tuple[str, ...], opener: Callable[[], tuple[int, tuple[Identity, ...]] | None]
-    ) -> contextlib.AbstractContextManager[int | None]: ...
-    def use(
-        self, paths: tuple[str, ...], opener: Callable[[], tuple[int, tuple[Identity, ...]] | None]
-    ) -> contextlib.AbstractContextManager[int | None]:
-        """The fd of the directory at ``paths[-1]`` (the paths before it: its ancestors whose
-        identity matters too). ``opener`` opens and checks it the slow way and returns the fd
-        (which becomes ours) with the identities of ``paths``, or ``None`` (yielded) when it
-        does not exist; what it raises passes through."""
-        return self._use(paths, opener)
+    def use(self, chain: tuple[str, ...], opener: Callable[[], tuple[int, ...] | None]) -> _Use[int | None]: ...
+    def use(self, chain: tuple[str, ...], opener: Callable[[], tuple[int, ...] | None]) -> _Use[int | None]:
+        """A context manager giving the fd of the chain's last directory. ``opener`` opens and
+        checks the chain the slow way and returns one fd per link (they become ours), or
+        ``None`` (given as is) when it does not exist; what it raises passes through."""
+        return _Use(self, chain, opener)
 
-    @contextlib.contextmanager
-    def _use(
-        self, paths: tuple[str, ...], opener: Callable[[], tuple[int, tuple[Identity, ...]] | None]
-    ) -> Iterator[int | None]:
+    def _take(self, chain: tuple[str, ...]) -> _Kept | None:
         with self._lock:
-            entry = self._kept.get(paths)
-            if entry is not None:
-                entry.users += 1
-                self._kept.move_to_end(paths)
-        if entry is not None and not self._current(paths, entry.ids):
-            self._release(entry, drop=paths)
-            entry = None
-        if entry is None:
-            opened = opener()
-            if opened is None:
-                yield None
-                return
-            entry = _Kept(*opened)
-            with self._lock:
-                self._drop(paths)
-                self._kept[paths] = entry
-                while len(self._kept) > self.limit:
-                    self._drop(next(iter(self._kept)))
-        try:
-            yield entry.fd
-        finally:
-            self._release(entry)
+            entry = self._kept.get(chain)
+            if entry is None:
+                return None
+            entry.users += 1
+            self._kept.move_to_end(chain)
+        if _current(chain, entry):
+            return entry
+        self._release(entry, drop=chain)
+        return None
 
-    @staticmethod
-    def _current(paths: tuple[str, ...], ids: tuple[Identity, ...]) -> bool:
+    def _keep(self, chain: tuple[str, ...], fds: tuple[int, ...]) -> _Kept:
         try:
-            stats = [os.lstat(p) for p in paths]
-        except OSError:
-            return False
-        last = stats[-1]
-        private = last.st_uid == os.geteuid() and not stat.S_IMODE(last.st_mode) & 0o077
-        return private and all((st.st_dev, st.st_ino) == i for st, i in zip(stats, ids, strict=True))
+            entry = _Kept(fds)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        with self._lock:
+            self._drop(chain)
+            self._kept[chain] = entry
+            while len(self._kept) > self.limit:
+                self._drop(next(iter(self._kept)))
+        return entry
 
-    def _drop(self, paths: tuple[str, ...]) -> None:
+    def _drop(self, chain: tuple[str, ...]) -> None:
         """Forget the entry (the caller holds the lock); closed now unless in use."""
-        entry = self._kept.pop(paths, None)
+        entry = self._kept.pop(chain, None)
         if entry is not None:
             entry.dropped = True
             if not entry.users:
-                os.close(entry.fd)
+                entry.close()
 
     def _release(self, entry: _Kept, drop: tuple[str, ...] | None = None) -> None:
         with self._lock:
@@ -235,11 +214,49 @@ class KeptDirs:
             if drop is not None and self._kept.get(drop) is entry:
                 self._drop(drop)
             elif entry.dropped and not entry.users:
-                os.close(entry.fd)
+                entry.close()
 
     def _forget_in_child(self) -> None:
         # A fork copies the fds too, but not the thread that may have held the lock.
         self._lock = threading.Lock()
+
+
+def _current(chain: tuple[str, ...], entry: _Kept) -> bool:
+    try:
+        st = os.lstat(chain[0])
+        if (st.st_dev, st.st_ino) != entry.ids[0]:
+            return False
+        for name, parent, ident in zip(chain[1:], entry.fds, entry.ids[1:], strict=False):
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) != ident:
+                return False
+    except OSError:
+        return False
+    return st.st_uid == os.geteuid() and not stat.S_IMODE(st.st_mode) & 0o077
+
+
+class _Use(Generic[_Fd]):
+    """One use of a kept chain (a plain class: cheaper than a generator context manager)."""
+
+    __slots__ = ("chain", "entry", "kept", "opener")
+
+    def __init__(self, kept: KeptDirs, chain: tuple[str, ...], opener: Callable[[], tuple[int, ...] | None]) -> None:
+        self.kept, self.chain, self.opener = kept, chain, opener
+        self.entry: _Kept | None = None
+
+    def __enter__(self) -> _Fd:
+        entry = self.kept._take(self.chain)
+        if entry is None:
+            fds = self.opener()
+            if fds is None:
+                return cast(_Fd, None)
+            entry = self.kept._keep(self.chain, fds)
+        self.entry = entry
+        return cast(_Fd, entry.fds[-1])
+
+    def __exit__(self, *exc: object) -> None:
+        if self.entry is not None:
+            self.kept._release(self.entry)
 
 
 #: The process's kept directories (plugin state records, results cache).

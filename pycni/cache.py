@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 
 from . import _json
-from ._fs import Identity, check_private_dir, identity, kept_dirs, make_dirs, write_atomic
+from ._fs import check_private_dir, kept_dirs, make_dirs, write_atomic
 from .errors import CacheError, ErrorCode, InvalidArgumentError
 from .sdk.validate import NAME_PATTERN, validate_attachment_key
 
@@ -175,11 +175,11 @@ class ResultsCache:
         refused unless it is private to this uid, as the plugins' state dir is: its entries
         decide what DEL and GC act on. ``FileNotFoundError`` when missing and not ``create``.
 
-        Kept open between calls (one lstat instead of makedirs, mkdir, open and a check):
+        Kept open between calls (one lstat instead of an open and a check):
         see :class:`pycni._fs.KeptDirs` for when it is not."""
         return kept_dirs.use((path,), lambda: self._opened(path, create=create))
 
-    def _opened(self, path: str, *, create: bool) -> tuple[int, tuple[Identity]]:
+    def _opened(self, path: str, *, create: bool) -> tuple[int]:
         try:
             fd = os.open(path, _DIR_FLAGS)
         except FileNotFoundError:
@@ -203,13 +203,10 @@ class ResultsCache:
                 raise _unusable(path, e) from None
         try:
             check_private_dir(fd, f"cache dir {path}")
-            return fd, (identity(fd),)
         except PermissionError as e:
             os.close(fd)
             raise CacheError(f"refusing cache dir {path}: {e.strerror}", code=ErrorCode.IO_FAILURE) from None
-        except BaseException:
-            os.close(fd)
-            raise
+        return (fd,)
 
     def ensure_writable(self) -> None:
         """Fail now, with a clear error, if entries could not be written later."""

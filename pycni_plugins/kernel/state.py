@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, overload
 
-from pycni._fs import Identity, check_private_dir, identity, kept_dirs, make_dirs, write_atomic
+from pycni._fs import check_private_dir, kept_dirs, make_dirs, write_atomic
 from pycni.errors import CNIError, ErrorCode
 
 __all__ = ["Records"]
@@ -50,13 +50,13 @@ class Records:
     def _dir(self, create: Literal[False]) -> contextlib.AbstractContextManager[int | None]: ...
     def _dir(self, create: bool) -> contextlib.AbstractContextManager[int | None]:
         """The open directory fd; ``None`` (only without ``create``) when it does not exist."""
-        # Kept open between calls (one lstat of the state dir and of this kind's dir instead
-        # of making, opening and checking both): see pycni._fs.KeptDirs for when it is not.
-        return kept_dirs.use((self.root, f"{self.root}/{self.sub}"), lambda: self._opened(create))
+        # Kept open between calls (an lstat of the state dir and an fstatat of this kind's dir
+        # instead of making, opening and checking both): see pycni._fs.KeptDirs for when not.
+        return kept_dirs.use((self.root, self.sub), lambda: self._opened(create))
 
-    def _opened(self, create: bool) -> tuple[int, tuple[Identity, Identity]] | None:
-        """The directory opened the slow way, with the identities of the state dir and of it;
-        ``None`` (only without ``create``) when it does not exist."""
+    def _opened(self, create: bool) -> tuple[int, int] | None:
+        """The state dir and this kind's dir opened the slow way; ``None`` (only without
+        ``create``) when either does not exist."""
         root = self.root
         try:
             top = _open_or_make(root, create, lambda: make_dirs(root))
@@ -67,25 +67,31 @@ class Records:
         except OSError as e:  # a symlink (O_NOFOLLOW) or a file where the directory should be
             raise _refused(root, e) from None
         try:
-            try:
-                fd = _open_or_make(self.sub, create, lambda: make_dirs(self.sub, dir_fd=top), dir_fd=top)
-            except FileNotFoundError:
-                if create:
-                    raise
-                return None
-            except OSError as e:
-                raise _refused(f"{root}/{self.sub}", e) from None
-            try:
-                check_private_dir(fd, f"state dir {root}/{self.sub}")
-                return fd, (identity(top), identity(fd))
-            except PermissionError as e:
-                os.close(fd)
-                raise _refused(f"{root}/{self.sub}", e) from None
-            except BaseException:
-                os.close(fd)
-                raise
-        finally:
+            fd = self._open_kind(top, create)
+        except BaseException:
             os.close(top)
+            raise
+        if fd is None:
+            os.close(top)
+            return None
+        return top, fd
+
+    def _open_kind(self, top: int, create: bool) -> int | None:
+        path = f"{self.root}/{self.sub}"
+        try:
+            fd = _open_or_make(self.sub, create, lambda: make_dirs(self.sub, dir_fd=top), dir_fd=top)
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
+        except OSError as e:
+            raise _refused(path, e) from None
+        try:
+            check_private_dir(fd, f"state dir {path}")
+        except PermissionError as e:
+            os.close(fd)
+            raise _refused(path, e) from None
+        return fd
 
     def load(self, name: str) -> Any | None:
         with self._dir(create=False) as d:
@@ -95,8 +101,13 @@ class Records:
                 fd = os.open(_check_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
             except FileNotFoundError:
                 return None
-            with os.fdopen(fd, "rb") as f:
-                return json.loads(f.read())
+            try:  # os.read, not a file object: a record is one or two reads
+                data = b""
+                while chunk := os.read(fd, 65536):
+                    data += chunk
+            finally:
+                os.close(fd)
+            return json.loads(data)
 
     def store(self, name: str, data: Any) -> None:
         with self._dir(create=True) as d:

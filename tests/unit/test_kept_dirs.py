@@ -144,9 +144,8 @@ def _open_fds() -> int:
 def test_at_most_limit_directories_stay_open_and_none_is_closed_while_in_use(tmp_path: Path) -> None:
     kept = _fs.KeptDirs(limit=2)
 
-    def opener(path: Path) -> tuple[int, tuple[_fs.Identity]]:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        return fd, (_fs.identity(fd),)
+    def opener(path: Path) -> tuple[int]:
+        return (os.open(path, os.O_RDONLY | os.O_DIRECTORY),)
 
     dirs = [tmp_path / f"d{i}" for i in range(5)]
     before = _open_fds()
