@@ -26,6 +26,7 @@ __all__ = [
     "check_private_dir",
     "kept_dirs",
     "make_dirs",
+    "read_all",
     "unsafe_ancestor",
     "write_atomic",
 ]
@@ -106,6 +107,15 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, excl
         if not renamed:  # a rename took the temp name with it
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
+
+
+def read_all(fd: int) -> bytes:
+    """Everything left in the open file: a small file in one or two reads, without the file
+    object (and its fstat, ioctl and lseek) that ``os.fdopen(fd).read()`` costs."""
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    return data
 
 
 def make_dirs(path: str, mode: int = 0o700, *, dir_fd: int | None = None) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 
 from . import _json
-from ._fs import check_private_dir, kept_dirs, make_dirs, write_atomic
+from ._fs import check_private_dir, kept_dirs, make_dirs, read_all, write_atomic
 from .errors import CacheError, ErrorCode, InvalidArgumentError
 from .sdk.validate import NAME_PATTERN, validate_attachment_key
 
@@ -241,12 +241,14 @@ class ResultsCache:
         except OSError as e:
             reason = "is a symlink" if e.errno == errno.ELOOP else e.strerror
             raise CacheError(f"failed to read cache file {os.path.join(self.results_dir, name)}: {reason}") from None
-        with os.fdopen(fd, "rb") as f:
+        try:
             if not _ours(fd):
                 raise CacheError(
                     f"refusing cache file {os.path.join(self.results_dir, name)}: not owned by uid {os.geteuid()}"
                 )
-            return f.read()
+            return read_all(fd)
+        finally:
+            os.close(fd)
 
     def read(self, network: str, container_id: str, ifname: str) -> CachedAttachment | None:
         """Decode an entry; a legacy file (just the result JSON) becomes an entry with only a result.

@@ -16,6 +16,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from pycni._fs import read_all
 from pycni.errors import CNIError
 from pycni.sdk import cancel
 from pycni.types import IPAddress
@@ -108,8 +109,7 @@ class DiskStore:
             if limit is not None:
                 data = os.read(fd, limit + 1)
                 return data if len(data) <= limit else None
-            with os.fdopen(os.dup(fd), "rb") as f:
-                return f.read()
+            return read_all(fd)
         except OSError:
             return None
         finally:

@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, overload
 
-from pycni._fs import check_private_dir, kept_dirs, make_dirs, write_atomic
+from pycni._fs import check_private_dir, kept_dirs, make_dirs, read_all, write_atomic
 from pycni.errors import CNIError, ErrorCode
 
 __all__ = ["Records"]
@@ -101,10 +101,8 @@ class Records:
                 fd = os.open(_check_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
             except FileNotFoundError:
                 return None
-            try:  # os.read, not a file object: a record is one or two reads
-                data = b""
-                while chunk := os.read(fd, 65536):
-                    data += chunk
+            try:
+                data = read_all(fd)
             finally:
                 os.close(fd)
             return json.loads(data)
