@@ -1,6 +1,7 @@
 """The file rules the runtime and the plugins share: the ownership rule for pycni's private
 directories (results cache, plugin state records), the rule for a path root runs or trusts
-(installed plugins, later the daemon's socket) and the one atomic write.
+(installed plugins, later the daemon's socket), the one atomic write, and the directory fds a
+process keeps open for those directories between calls.
 
 Both sides trust a directory for the same reasons: what is in it decides what DEL and GC remove,
 so a directory that another uid owns, or that anyone else may read or write, could hold planted
@@ -15,8 +16,22 @@ import errno
 import os
 import secrets
 import stat
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Generic, TypeVar, cast, overload
 
-__all__ = ["check_private_dir", "unsafe_ancestor", "write_atomic"]
+__all__ = [
+    "KeptDirs",
+    "check_private_dir",
+    "kept_dirs",
+    "make_dirs",
+    "read_all",
+    "unsafe_ancestor",
+    "write_atomic",
+]
+
+_Fd = TypeVar("_Fd", bound="int | None", covariant=True)
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -68,6 +83,7 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, excl
     """
     tmp = f".{secrets.token_hex(8)}.tmp"  # not derived from name: a 255-byte name must fit
     fd = os.open(tmp, _TEMP_FLAGS, mode, dir_fd=dir_fd)
+    renamed = False
     try:
         try:
             os.fchmod(fd, mode)  # what the umask took off os.open's mode
@@ -84,8 +100,175 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, excl
                 return False
         else:
             os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            renamed = True
         os.fsync(dir_fd)
         return True
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)  # gone already after a rename
+        if not renamed:  # a rename took the temp name with it
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+
+
+def read_all(fd: int) -> bytes:
+    """Everything left in the open file: a small file in one or two reads, without the file
+    object (and its fstat, ioctl and lseek) that ``os.fdopen(fd).read()`` costs."""
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    return data
+
+
+def make_dirs(path: str, mode: int = 0o700, *, dir_fd: int | None = None) -> None:
+    """``os.makedirs`` (missing ancestors made with the default mode, ``path`` with ``mode``;
+    ``FileExistsError`` when ``path`` exists), each new entry made durable in its parent: a
+    record written durably into a directory is only as durable as the directory's own entry.
+    With ``dir_fd``, ``path`` is one name in that directory."""
+    if dir_fd is not None:
+        os.mkdir(path, mode, dir_fd=dir_fd)
+        os.fsync(dir_fd)
+        return
+    parent = os.path.dirname(path.rstrip("/"))
+    try:
+        os.mkdir(path, mode)
+    except FileNotFoundError:
+        if not parent or parent == path:
+            raise
+        with contextlib.suppress(FileExistsError):  # a racing maker
+            make_dirs(parent, 0o777)
+        os.mkdir(path, mode)
+    pfd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(pfd)
+    finally:
+        os.close(pfd)
+
+
+class _Kept:
+    __slots__ = ("dropped", "fds", "ids", "users")
+
+    def __init__(self, fds: tuple[int, ...]) -> None:
+        self.fds, self.users, self.dropped = fds, 1, False
+        self.ids = tuple((st.st_dev, st.st_ino) for st in map(os.fstat, fds))
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+
+
+class KeptDirs:
+    """Directory fds kept open between calls, so that a process writing many records does not
+    make, open and check the same directories for each one.
+
+    An entry is a chain of directories: ``path`` and then names, each in the one before. It is
+    used only while every link still names the very directory opened for it, as one ``lstat``
+    of ``path`` and one ``fstatat`` of each name (relative to the kept fd before it) show:
+    same (device, inode) — a kept fd holds its inode, so a directory removed and re-created
+    under us cannot come back with that number — and the last still private to this uid.
+    Otherwise (gone, replaced, renamed away, a symlink now, opened up) the entry is dropped
+    and ``opener`` runs, as on first use, with its checks and errors. At most ``limit``
+    entries; one dropped while in use is closed by its last user.
+    """
+
+    def __init__(self, limit: int = 32) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[tuple[str, ...], _Kept] = OrderedDict()
+
+    @overload
+    def use(self, chain: tuple[str, ...], opener: Callable[[], tuple[int, ...]]) -> _Use[int]: ...
+    @overload
+    def use(self, chain: tuple[str, ...], opener: Callable[[], tuple[int, ...] | None]) -> _Use[int | None]: ...
+    def use(self, chain: tuple[str, ...], opener: Callable[[], tuple[int, ...] | None]) -> _Use[int | None]:
+        """A context manager giving the fd of the chain's last directory. ``opener`` opens and
+        checks the chain the slow way and returns one fd per link (they become ours), or
+        ``None`` (given as is) when it does not exist; what it raises passes through."""
+        return _Use(self, chain, opener)
+
+    def _take(self, chain: tuple[str, ...]) -> _Kept | None:
+        with self._lock:
+            entry = self._kept.get(chain)
+            if entry is None:
+                return None
+            entry.users += 1
+            self._kept.move_to_end(chain)
+        if _current(chain, entry):
+            return entry
+        self._release(entry, drop=chain)
+        return None
+
+    def _keep(self, chain: tuple[str, ...], fds: tuple[int, ...]) -> _Kept:
+        try:
+            entry = _Kept(fds)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        with self._lock:
+            self._drop(chain)
+            self._kept[chain] = entry
+            while len(self._kept) > self.limit:
+                self._drop(next(iter(self._kept)))
+        return entry
+
+    def _drop(self, chain: tuple[str, ...]) -> None:
+        """Forget the entry (the caller holds the lock); closed now unless in use."""
+        entry = self._kept.pop(chain, None)
+        if entry is not None:
+            entry.dropped = True
+            if not entry.users:
+                entry.close()
+
+    def _release(self, entry: _Kept, drop: tuple[str, ...] | None = None) -> None:
+        with self._lock:
+            entry.users -= 1
+            if drop is not None and self._kept.get(drop) is entry:
+                self._drop(drop)
+            elif entry.dropped and not entry.users:
+                entry.close()
+
+    def _forget_in_child(self) -> None:
+        # A fork copies the fds too, but not the thread that may have held the lock.
+        self._lock = threading.Lock()
+
+
+def _current(chain: tuple[str, ...], entry: _Kept) -> bool:
+    try:
+        st = os.lstat(chain[0])
+        if (st.st_dev, st.st_ino) != entry.ids[0]:
+            return False
+        for name, parent, ident in zip(chain[1:], entry.fds, entry.ids[1:], strict=False):
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) != ident:
+                return False
+    except OSError:
+        return False
+    return st.st_uid == os.geteuid() and not stat.S_IMODE(st.st_mode) & 0o077
+
+
+class _Use(Generic[_Fd]):
+    """One use of a kept chain (a plain class: cheaper than a generator context manager)."""
+
+    __slots__ = ("chain", "entry", "kept", "opener")
+
+    def __init__(self, kept: KeptDirs, chain: tuple[str, ...], opener: Callable[[], tuple[int, ...] | None]) -> None:
+        self.kept, self.chain, self.opener = kept, chain, opener
+        self.entry: _Kept | None = None
+
+    def __enter__(self) -> _Fd:
+        entry = self.kept._take(self.chain)
+        if entry is None:
+            fds = self.opener()
+            if fds is None:
+                return cast(_Fd, None)
+            entry = self.kept._keep(self.chain, fds)
+        self.entry = entry
+        return cast(_Fd, entry.fds[-1])
+
+    def __exit__(self, *exc: object) -> None:
+        if self.entry is not None:
+            self.kept._release(self.entry)
+
+
+#: The process's kept directories (plugin state records, results cache).
+kept_dirs = KeptDirs()
+os.register_at_fork(after_in_child=kept_dirs._forget_in_child)

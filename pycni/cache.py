@@ -29,7 +29,7 @@ from typing import Any
 import attrs
 
 from . import _json
-from ._fs import check_private_dir, write_atomic
+from ._fs import check_private_dir, kept_dirs, make_dirs, read_all, write_atomic
 from .errors import CacheError, ErrorCode, InvalidArgumentError
 from .sdk.validate import NAME_PATTERN, validate_attachment_key
 
@@ -136,6 +136,11 @@ class CachedAttachment:
         )
 
 
+def _unusable(path: str, e: OSError) -> CacheError:
+    reason = "is a symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
+    return CacheError(f"cannot use cache dir {path}: {reason}")
+
+
 def _check_key(network: str, container_id: str, ifname: str) -> None:
     if not network or not container_id or not ifname:
         raise InvalidArgumentError(
@@ -165,42 +170,51 @@ class ResultsCache:
 
     # -- directories -------------------------------------------------------------------
 
-    def _open_dir(self, path: str, *, create: bool) -> int:
-        """Open a cache subdirectory (0700) without following a symlink planted in its place;
+    def _dir(self, path: str, *, create: bool) -> contextlib.AbstractContextManager[int]:
+        """A cache subdirectory (0700), opened without following a symlink planted in its place;
         refused unless it is private to this uid, as the plugins' state dir is: its entries
-        decide what DEL and GC act on."""
-        if create:
+        decide what DEL and GC act on. ``FileNotFoundError`` when missing and not ``create``.
+
+        Kept open between calls (one lstat instead of an open and a check):
+        see :class:`pycni._fs.KeptDirs` for when it is not."""
+        return kept_dirs.use((path,), lambda: self._opened(path, create=create))
+
+    def _opened(self, path: str, *, create: bool) -> tuple[int]:
+        try:
+            fd = os.open(path, _DIR_FLAGS)
+        except FileNotFoundError:
+            if not create:
+                raise
+            fd = None
+        except OSError as e:
+            raise _unusable(path, e) from None
+        if fd is None:
             try:
-                os.makedirs(self.root, mode=0o700, exist_ok=True)
-                os.mkdir(path, 0o700)
+                with contextlib.suppress(FileExistsError):
+                    make_dirs(self.root)
+                make_dirs(path)  # durably: an entry written durably in it must survive a power cut
             except FileExistsError:
                 pass
             except OSError as e:
                 raise CacheError(f"failed to create cache dir {path}: {e.strerror}") from None
-        try:
-            fd = os.open(path, _DIR_FLAGS)
-        except OSError as e:
-            if e.errno == errno.ENOENT and not create:
-                raise
-            reason = "is a symlink" if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror
-            raise CacheError(f"cannot use cache dir {path}: {reason}") from None
+            try:
+                fd = os.open(path, _DIR_FLAGS)
+            except OSError as e:
+                raise _unusable(path, e) from None
         try:
             check_private_dir(fd, f"cache dir {path}")
         except PermissionError as e:
             os.close(fd)
             raise CacheError(f"refusing cache dir {path}: {e.strerror}", code=ErrorCode.IO_FAILURE) from None
-        return fd
+        return (fd,)
 
     def ensure_writable(self) -> None:
         """Fail now, with a clear error, if entries could not be written later."""
-        dfd = self._open_dir(self.results_dir, create=True)
-        try:
+        with self._dir(self.results_dir, create=True) as dfd:
             if os.statvfs(dfd).f_flag & os.ST_RDONLY:
                 raise CacheError(f"cache dir {self.results_dir} is on a read-only filesystem")
             if not os.access(self.results_dir, os.W_OK | os.X_OK):
                 raise CacheError(f"cache dir {self.results_dir} is not writable")
-        finally:
-            os.close(dfd)
 
     # -- entries -------------------------------------------------------------------------
 
@@ -208,38 +222,33 @@ class ResultsCache:
         """Atomically replace the entry's file (temp file, fsync, rename, fsync dir)."""
         name = self.file_name(entry.network, entry.container_id, entry.ifname)
         data = entry.to_bytes()
-        dfd = self._open_dir(self.results_dir, create=True)
-        try:
-            write_atomic(dfd, name, data)
-        except OSError as e:
-            raise CacheError(
-                f"failed to write cache file {os.path.join(self.results_dir, name)}: {e.strerror}"
-            ) from None
-        finally:
-            os.close(dfd)
+        with self._dir(self.results_dir, create=True) as dfd:
+            try:
+                write_atomic(dfd, name, data)
+            except OSError as e:
+                raise CacheError(
+                    f"failed to write cache file {os.path.join(self.results_dir, name)}: {e.strerror}"
+                ) from None
 
     def read_bytes(self, network: str, container_id: str, ifname: str) -> bytes | None:
         """The raw file, or ``None`` when there is none; a symlink is refused, not followed."""
         name = self.file_name(network, container_id, ifname)
         try:
-            dfd = self._open_dir(self.results_dir, create=False)
-        except FileNotFoundError:
-            return None
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+            with self._dir(self.results_dir, create=False) as dfd:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         except FileNotFoundError:
             return None
         except OSError as e:
             reason = "is a symlink" if e.errno == errno.ELOOP else e.strerror
             raise CacheError(f"failed to read cache file {os.path.join(self.results_dir, name)}: {reason}") from None
-        finally:
-            os.close(dfd)
-        with os.fdopen(fd, "rb") as f:
+        try:
             if not _ours(fd):
                 raise CacheError(
                     f"refusing cache file {os.path.join(self.results_dir, name)}: not owned by uid {os.geteuid()}"
                 )
-            return f.read()
+            return read_all(fd)
+        finally:
+            os.close(fd)
 
     def read(self, network: str, container_id: str, ifname: str) -> CachedAttachment | None:
         """Decode an entry; a legacy file (just the result JSON) becomes an entry with only a result.
@@ -267,23 +276,20 @@ class ResultsCache:
     def delete(self, network: str, container_id: str, ifname: str) -> None:
         name = self.file_name(network, container_id, ifname)
         try:
-            dfd = self._open_dir(self.results_dir, create=False)
+            with self._dir(self.results_dir, create=False) as dfd:
+                os.unlink(name, dir_fd=dfd)
         except (FileNotFoundError, CacheError):
-            return
-        try:
-            os.unlink(name, dir_fd=dfd)
-        except FileNotFoundError:
-            pass
+            pass  # no cache dir, an untrusted one (nothing of ours in it), or no entry
         except OSError as e:
             raise CacheError(f"failed to delete cache file {name}: {e.strerror}") from None
-        finally:
-            os.close(dfd)
 
     def attachments(self, container_id: str | None = None) -> list[CachedAttachment]:
         """Every readable ``cniCacheV1`` entry this uid owns (sorted by file name); unreadable
         ones are skipped. A cache dir that cannot be trusted raises :class:`CacheError`."""
         try:
-            dfd = self._open_dir(self.results_dir, create=False)
+            with self._dir(self.results_dir, create=False) as kept:
+                # A listing of its own: a kept fd's offset is shared with every thread using it.
+                dfd = os.open(".", _DIR_FLAGS, dir_fd=kept)
         except FileNotFoundError:
             return []
         found = []
@@ -357,11 +363,8 @@ class ResultsCache:
     @contextlib.contextmanager
     def _range_lock(self, name: str, offset: int, *, exclusive: bool) -> Iterator[int | None]:
         try:
-            dfd = self._open_dir(self.locks_dir, create=True)
-            try:
+            with self._dir(self.locks_dir, create=True) as dfd:
                 fd = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-            finally:
-                os.close(dfd)
         except (OSError, CacheError) as e:
             if not _unwritable(e):
                 raise CacheError(f"failed to open lock {self.locks_dir}/{name}.lock: {e}") from None

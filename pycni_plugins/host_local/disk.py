@@ -16,6 +16,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from pycni._fs import read_all
 from pycni.errors import CNIError
 from pycni.sdk import cancel
 from pycni.types import IPAddress
@@ -62,10 +63,11 @@ class DiskStore:
             raise os_fail("open", data_dir, e) from None
         try:
             try:
-                os.mkdir(network, 0o755, dir_fd=parent)
-            except FileExistsError:
-                pass
-            self.fd = os.open(network, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+                self.fd = os.open(network, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+            except FileNotFoundError:  # made only when missing: no failed mkdir per call
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(network, 0o755, dir_fd=parent)
+                self.fd = os.open(network, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
         except OSError as e:
             if e.errno == errno.ENOTDIR and os.path.islink(self.path):  # what O_DIRECTORY says of a symlink
                 raise refuse_symlink(self.path) from None
@@ -107,8 +109,7 @@ class DiskStore:
             if limit is not None:
                 data = os.read(fd, limit + 1)
                 return data if len(data) <= limit else None
-            with os.fdopen(os.dup(fd), "rb") as f:
-                return f.read()
+            return read_all(fd)
         except OSError:
             return None
         finally:

@@ -7,7 +7,8 @@ what they describe; the epoch check in :mod:`.nft` and ``pycni gc --reconcile`` 
 Directories are 0700 and files 0600; the state dir itself and every path below it are opened
 with ``O_NOFOLLOW`` (below it, relative to a directory fd), so a symlink planted there is
 refused (``IO_FAILURE``) rather than followed. Writes are atomic and durable
-(:func:`pycni._fs.write_atomic`).
+(:func:`pycni._fs.write_atomic`), and so are the directories' entries (made with
+:func:`pycni._fs.make_dirs`).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import errno
 import fcntl
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, overload
 
-from pycni._fs import check_private_dir, write_atomic
+from pycni._fs import check_private_dir, kept_dirs, make_dirs, read_all, write_atomic
 from pycni.errors import CNIError, ErrorCode
 
 __all__ = ["Records"]
@@ -49,46 +50,48 @@ class Records:
     def _dir(self, create: Literal[False]) -> contextlib.AbstractContextManager[int | None]: ...
     def _dir(self, create: bool) -> contextlib.AbstractContextManager[int | None]:
         """The open directory fd; ``None`` (only without ``create``) when it does not exist."""
-        return self._open_dir(create)
+        # Kept open between calls (an lstat of the state dir and an fstatat of this kind's dir
+        # instead of making, opening and checking both): see pycni._fs.KeptDirs for when not.
+        return kept_dirs.use((self.root, self.sub), lambda: self._opened(create))
 
-    @contextlib.contextmanager
-    def _open_dir(self, create: bool) -> Iterator[int | None]:
+    def _opened(self, create: bool) -> tuple[int, int] | None:
+        """The state dir and this kind's dir opened the slow way; ``None`` (only without
+        ``create``) when either does not exist."""
         root = self.root
         try:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.makedirs(root, mode=0o700)
-            top = os.open(root, _DIR_FLAGS)
+            top = _open_or_make(root, create, lambda: make_dirs(root))
         except FileNotFoundError:
             if create:
                 raise
-            yield None
-            return
+            return None
         except OSError as e:  # a symlink (O_NOFOLLOW) or a file where the directory should be
             raise _refused(root, e) from None
         try:
-            try:
-                if create:
-                    with contextlib.suppress(FileExistsError):
-                        os.mkdir(self.sub, 0o700, dir_fd=top)
-                fd = os.open(self.sub, _DIR_FLAGS, dir_fd=top)
-            except FileNotFoundError:
-                if create:
-                    raise
-                yield None
-                return
-            except OSError as e:
-                raise _refused(f"{root}/{self.sub}", e) from None
-            try:
-                try:
-                    check_private_dir(fd, f"state dir {root}/{self.sub}")
-                except PermissionError as e:
-                    raise _refused(f"{root}/{self.sub}", e) from None
-                yield fd
-            finally:
-                os.close(fd)
-        finally:
+            fd = self._open_kind(top, create)
+        except BaseException:
             os.close(top)
+            raise
+        if fd is None:
+            os.close(top)
+            return None
+        return top, fd
+
+    def _open_kind(self, top: int, create: bool) -> int | None:
+        path = f"{self.root}/{self.sub}"
+        try:
+            fd = _open_or_make(self.sub, create, lambda: make_dirs(self.sub, dir_fd=top), dir_fd=top)
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
+        except OSError as e:
+            raise _refused(path, e) from None
+        try:
+            check_private_dir(fd, f"state dir {path}")
+        except PermissionError as e:
+            os.close(fd)
+            raise _refused(path, e) from None
+        return fd
 
     def load(self, name: str) -> Any | None:
         with self._dir(create=False) as d:
@@ -98,8 +101,11 @@ class Records:
                 fd = os.open(_check_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
             except FileNotFoundError:
                 return None
-            with os.fdopen(fd, "rb") as f:
-                return json.loads(f.read())
+            try:
+                data = read_all(fd)
+            finally:
+                os.close(fd)
+            return json.loads(data)
 
     def store(self, name: str, data: Any) -> None:
         with self._dir(create=True) as d:
@@ -137,7 +143,25 @@ class Records:
         with self._dir(create=False) as d:
             if d is None:
                 return []
-            return sorted(n for n in os.listdir(d) if not n.startswith("."))
+            # A listing of its own: a kept fd's offset is shared with every thread using it.
+            listed = os.open(".", _DIR_FLAGS, dir_fd=d)
+        try:
+            return sorted(n for n in os.listdir(listed) if not n.startswith("."))
+        finally:
+            os.close(listed)
+
+
+def _open_or_make(path: str, create: bool, make: Callable[[], None], dir_fd: int | None = None) -> int:
+    """Open the directory; made first only when it is missing and ``create`` (no mkdir, and
+    no makedirs' stats, for one that exists)."""
+    try:
+        return os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):  # a racing maker
+        make()
+    return os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
 
 
 def _refused(path: str, e: OSError) -> CNIError:

@@ -96,7 +96,33 @@ def test_cache_and_state_records_are_written_durably(
     root = tmp_path / "root"
     root.mkdir(mode=0o700)
     write(root)
-    assert kinds == [False, True]
+    # The new directory's entry in root (the records' dir, results/), the file, its entry.
+    assert kinds == [True, False, True]
+
+
+def test_every_directory_made_for_records_is_durable_in_its_parent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[tuple[int, int]] = []
+    real_fsync = os.fsync
+
+    def record(fd: int) -> None:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            synced.append((st.st_dev, st.st_ino))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    Records("r", root=str(tmp_path / "a" / "b")).store("n", {})
+    ResultsCache(str(tmp_path / "c" / "d")).write(CachedAttachment("c", "net", "eth0"))
+
+    def ident(p: Path) -> tuple[int, int]:
+        st = p.stat()
+        return st.st_dev, st.st_ino
+
+    made = ["a", "a/b", "a/b/r", "c", "c/d", "c/d/results"]
+    for m in made:  # each new entry synced in its parent after it was made
+        assert ident((tmp_path / m).parent) in synced, m
 
 
 def test_exclusive_keeps_the_first_writers_content(tmp_path: Path, dir_fd: int) -> None:
