@@ -432,7 +432,8 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def png(doc: dict[str, Any], path: str) -> None:
     """p50 latency vs N per backend, one panel per op, log-log (the band reaches up to p90); then,
-    when the run has them, the data plane's rates vs N and the steps' ms per ADD vs N."""
+    when the run has them, the data plane's rates vs N (median, band min–max) and the steps' ms
+    per ADD vs N."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -463,7 +464,11 @@ def png(doc: dict[str, Any], path: str) -> None:
         for backend in dict.fromkeys(r["backend"] for r in doc["dataplane"]):
             rows = sorted((r for r in doc["dataplane"] if r["backend"] == backend and kind in r), key=lambda r: r["n"])
             scale = 1e9 if key == "bits_per_s" else 1.0
-            ax.plot([r["n"] for r in rows], [r[kind][key] / scale for r in rows], marker="o", label=backend)
+            ns, mid = [r["n"] for r in rows], [r[kind][key] / scale for r in rows]
+            (line,) = ax.plot(ns, mid, marker="o", label=backend)
+            if all("min" in r[kind] for r in rows):  # the runs' range as a band
+                low, high = ([r[kind][k] / scale for r in rows] for k in ("min", "max"))
+                ax.fill_between(ns, low, high, color=line.get_color(), alpha=0.15)
         _axes(
             ax,
             title.format(dir=dataplane_report.direction(doc)),
