@@ -141,8 +141,15 @@ def _iperf(prefix: list[str], ns: str, addr: str, seconds: float) -> dict[str, A
     doc = json.loads(proc.stdout)
     if "error" in doc:
         raise RuntimeError(f"iperf3: {doc['error']}")
-    received = doc["end"]["sum_received"]
-    return {"bits_per_s": round(received["bits_per_second"]), "seconds": round(received["seconds"], 3)}
+    received, cpu = doc["end"]["sum_received"], doc["end"]["cpu_utilization_percent"]
+    # both ends' CPU (% of one CPU over the test: iperf3's getrusage) per Gbit moved; softirq
+    # work in their context included, as the connection generator's (connrate.c)
+    cpu_s = (cpu["host_total"] + cpu["remote_total"]) / 100 * received["seconds"]
+    return {
+        "bits_per_s": round(received["bits_per_second"]),
+        "seconds": round(received["seconds"], 3),
+        "cpu_ms_per_gbit": round(cpu_s * 1e3 / max(1e-9, received["bytes"] * 8 / 1e9), 2),
+    }
 
 
 def _spread(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
@@ -154,6 +161,7 @@ def _spread(runs: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 
 KINDS = (("host_port", "per_s"), ("c2c_conn", "per_s"), ("c2c_throughput", "bits_per_s"))
+CPU = {"per_s": ("cpu_us", "cpu_us_per_conn"), "bits_per_s": ("cpu_ms_per_gbit", "cpu_ms_per_gbit")}
 
 
 @dataclass
@@ -242,13 +250,10 @@ def measure(
             cell.row.update(seconds=seconds, workers=workers, repeat=repeat, pinned=pin, group=group)
             for kind, key in KINDS:
                 cell.row[kind] = _spread(cell.runs[kind], key)
-                if key == "per_s":
-                    cpu = sorted(run["cpu_us"] for run in cell.runs[kind])
-                    cell.row[kind]["cpu_us_per_conn"] = {
-                        "median": cpu[(len(cpu) - 1) // 2],
-                        "min": cpu[0],
-                        "max": cpu[-1],
-                    }
+                field_, name = CPU[key]  # the CPU time per connection or per Gbit: load moves it little
+                cpu = [run[field_] for run in cell.runs[kind]]
+                mid = sorted(cpu)[(len(cpu) - 1) // 2]
+                cell.row[kind][name] = {"median": mid, "min": min(cpu), "max": max(cpu), "runs": cpu}
             _report(cell.row, progress)
     return [row for row, _ in made]
 

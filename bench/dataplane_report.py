@@ -40,15 +40,19 @@ def _value(m: dict[str, Any], key: str) -> str:
     return text
 
 
-def _ratio(r: dict[str, Any], base: dict[str, Any], kind: str, key: str) -> str:
-    """``r`` over ``base``: the per-round ratios' median and range when both were measured in
-    the same group, else the medians' ratio."""
+def _ratio(r: dict[str, Any], base: dict[str, Any], kind: str, key: str, cpu: str | None = None) -> str:
+    """``r`` over ``base`` (their rates, or with ``cpu`` their CPU times): the per-round ratios'
+    median and range when both were measured in the same group, else the medians' ratio."""
+    a, b = (row[kind].get(cpu) or {} if cpu else row[kind] for row in (r, base))
+    mid_key = "median" if cpu else key
+    if mid_key not in a or mid_key not in b:
+        return "–"
     if r.get("group") is not None and r.get("group") == base.get("group"):
-        ratios = sorted(a / b for a, b in zip(r[kind]["runs"], base[kind]["runs"]) if b)
+        ratios = sorted(x / y for x, y in zip(a["runs"], b["runs"]) if y)
         if ratios:
             mid = ratios[(len(ratios) - 1) // 2]
             return f"{mid:.2f} [{ratios[0]:.2f}–{ratios[-1]:.2f}]"
-    return f"{r[kind][key] / base[kind][key]:.2f}" if base[kind][key] else "–"
+    return f"{a[mid_key] / b[mid_key]:.2f}" if b[mid_key] else "–"
 
 
 def section(doc: dict[str, Any], table: Table) -> list[str]:
@@ -107,14 +111,23 @@ def _against_reference(rows: list[dict[str, Any]], table: Table) -> list[str]:
     """Each backend over the Go chain at the same N (per-round ratios when interleaved)."""
     ref = {r["n"]: r for r in rows if r["backend"] == REFERENCE}
     body = [
-        (r["backend"], r["n"], *[_ratio(r, ref[r["n"]], k, key) for k, key, _ in KINDS])
+        (
+            r["backend"],
+            r["n"],
+            *[_ratio(r, ref[r["n"]], k, key) for k, key, _ in KINDS],
+            _ratio(r, ref[r["n"]], "host_port", "per_s", "cpu_us_per_conn"),
+            _ratio(r, ref[r["n"]], "c2c_throughput", "bits_per_s", "cpu_ms_per_gbit"),
+        )
         for r in sorted(rows, key=lambda r: (r["backend"], r["n"]))
         if r["backend"] != REFERENCE and r["n"] in ref
     ]
     if not body:
         return []
     intro = (
-        "Against the Go chain (reference-exec) at the same N: the rate's ratio, median [min–max] of the "
-        "per-round ratios when the cells were measured interleaved (`--dataplane-group n`), else the medians'."
+        "Against the Go chain (reference-exec) at the same N: the ratio of the rates, and of the CPU time per "
+        "host-port connection and per Gbit of throughput (both ends, the kernel's work in their context included: "
+        "< 1 costs less); median [min–max] of the per-round ratios when the cells were measured interleaved "
+        "(`--dataplane-group n`), else the medians'."
     )
-    return [intro, "", *table(("backend", "N", "host-port conn/s", "c2c conn/s", "c2c throughput"), body)]
+    header = ("backend", "N", "host-port conn/s", "c2c conn/s", "c2c throughput", "CPU per conn", "CPU per Gbit")
+    return [intro, "", *table(header, body)]

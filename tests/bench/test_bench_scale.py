@@ -116,6 +116,7 @@ def test_dataplane_section_measures_positive_rates_interleaved_for_pycni_and_lea
             assert row[kind]["max"] == max(row[kind]["runs"])
             assert row[kind]["cpu_us_per_conn"]["median"] > 0  # the generator's CPU time per connection
         assert row["c2c_throughput"]["bits_per_s"] > 0 and len(row["c2c_throughput"]["runs"]) == 2
+        assert row["c2c_throughput"]["cpu_ms_per_gbit"]["median"] > 0  # both iperf3 ends' CPU per Gbit
         assert row["first_packet_rules"] == 3  # pycni's DNAT is a map lookup whatever N
         assert (row["from"], row["to"]) == (drivers.expected_address(row["n"] - 1), drivers.expected_address(0))
     # both cells held and measured in the same rounds: the report compares them round by round
