@@ -38,23 +38,23 @@ from pycni_plugins.kernel import layout
 from pycni_plugins.kernel.nft.ownership import comment
 
 from .drivers import (
-    BRIDGE,
     CONTAINER_PORT,
     DEFAULT,
-    GATEWAY,
-    NETWORK,
-    SUBNET,
+    PORTS_PER_BRIDGE,
     BackendError,
     RuntimeDriver,
+    bridge_name,
     container_id,
     expected_address,
     host_port,
+    network_name,
+    network_of,
+    subnet,
 )
 from .session import Cell
 
 NAME = "floor"
 _MAC_BASE = 0x02_00_00_00_00_00  # locally administered
-BROADCAST = str(SUBNET.broadcast_address)  # as pycni (and `ip addr`) give an IPv4 address
 RTPROT_BOOT = 3  # the route's protocol, as pycni's and the reference's
 
 
@@ -65,8 +65,8 @@ def _mac(n: int) -> str:
 
 def _elements(i: int) -> tuple[list[str], list[str]]:
     """The nft commands adding and deleting container ``i``'s elements, as pycni writes them."""
-    addr = ipaddress.ip_interface(f"{expected_address(i)}/{SUBNET.prefixlen}")
-    att = Attachment(NETWORK, container_id(i), "eth0")
+    addr = ipaddress.ip_interface(f"{expected_address(i)}/{subnet(network_of(i)).prefixlen}")
+    att = Attachment(network_name(network_of(i)), container_id(i), "eth0")
     owned = (
         ("masq", layout.masq_element(addr)),
         ("firewall", layout.firewall_element(addr.ip)),
@@ -90,18 +90,26 @@ class FloorDriver:
             # namespace at creation, usable from here afterwards.
             self.ipr = IPRoute()
             self.nft = nftables.Nftables()
-            self.bridge = socket.if_nametoindex(BRIDGE)
+            self.bridges = [socket.if_nametoindex(bridge_name(k)) for k in range(self._networks)]
         self.nft_cmds = [_elements(i) for i in range(len(cell.containers))]
         self.hosts = [f"vfl{i:08x}" for i in range(len(cell.containers))]
 
+    @property
+    def _networks(self) -> int:
+        return network_of(len(self.cell.containers) - 1) + 1 if self.cell.containers else 1
+
     def _prepare(self) -> None:
         """The shared objects (bridge, gateway address, ip_forward, pycni's skeleton) by one
-        ADD and DEL of the chain for a container of its own."""
+        ADD and DEL of the chain for a container of its own, on each network of the cell (one
+        bridge per :data:`PORTS_PER_BRIDGE` containers, as the chain's cells)."""
         with netns.Throwaway(name=f"{os.path.basename(self.cell.host)}-floor") as ns:
-            prep = Cell(self.cell.label, self.cell.host, (ns.path,), self.cell.dir, self.cell.cache_dir)
+            # container i of this cell is on network i // PORTS_PER_BRIDGE: the first of each is ours
+            last = (self._networks - 1) * PORTS_PER_BRIDGE
+            prep = Cell(self.cell.label, self.cell.host, (ns.path,) * (last + 1), self.cell.dir, self.cell.cache_dir)
             runtime = RuntimeDriver(prep, path=[], backend="inprocess")
-            runtime.add(0)
-            runtime.delete(0)
+            for k in range(self._networks):
+                runtime.add(k * PORTS_PER_BRIDGE)
+                runtime.delete(k * PORTS_PER_BRIDGE)
 
     def add(self, i: int) -> object:
         fd = os.open(self.cell.containers[i], os.O_RDONLY | os.O_CLOEXEC)
@@ -111,7 +119,7 @@ class FloorDriver:
                 ifname=self.hosts[i],
                 kind="veth",
                 address=_mac(2 * i + 1),
-                master=self.bridge,
+                master=self.bridges[network_of(i)],
                 state="up",
                 peer={"ifname": "eth0", "net_ns_fd": fd, "address": _mac(2 * i + 2)},
             )
@@ -120,11 +128,19 @@ class FloorDriver:
                 eth0 = socket.if_nametoindex("eth0")  # an ioctl, not a netlink request
         finally:
             os.close(fd)
+        net = subnet(network_of(i))
         try:
             ctr.link("set", index=1, state="up")
-            ctr.addr("add", index=eth0, address=expected_address(i), prefixlen=SUBNET.prefixlen, broadcast=BROADCAST)
+            # the broadcast given as pycni (and `ip addr`) give an IPv4 address
+            ctr.addr(
+                "add",
+                index=eth0,
+                address=expected_address(i),
+                prefixlen=net.prefixlen,
+                broadcast=str(net.broadcast_address),
+            )
             ctr.link("set", index=eth0, state="up")
-            ctr.route("add", dst="0.0.0.0/0", gateway=str(GATEWAY), oif=eth0, proto=RTPROT_BOOT)
+            ctr.route("add", dst="0.0.0.0/0", gateway=str(net[1]), oif=eth0, proto=RTPROT_BOOT)
         finally:
             ctr.close()
         self._nft(self.nft_cmds[i][0])

@@ -9,8 +9,10 @@ open ``/proc/sys/net/ipv4``, and through ``pycni_plugins.kernel.sysctl`` from a 
 its sockets (as ``pycni serve``'s workers and the main thread do) — before and after K
 throwaway namespaces each read one ``/proc/sys/net`` file.
 
-``bridge LIST``: in a throwaway namespace with one bridge, after K veth ports for each K in LIST,
-the median time of the next port's veth add, ``set master``, ``set up`` and a ``link get``.
+``bridge LIST``: in a throwaway namespace with one bridge, after K veth ports for each K in LIST
+(both ends up, as a cell's containers' are), the median time of the next port's veth add,
+``set master``, ``set up``, a ``link get``, and ``peer up``: its other end set up, which gives
+the bridge port carrier (what a container's ``eth0`` up does on the host's bridge).
 
 Everything happens in namespaces made here and removed on the way out; run as root.
 """
@@ -95,8 +97,10 @@ def _bridge_costs(points: list[int]) -> None:
                 (index,) = ipr.link_lookup(ifname=f"h{ports}")
                 ipr.link("set", index=index, master=br)
                 ipr.link("set", index=index, state="up")
+                ipr.link("set", index=ipr.link_lookup(ifname=f"c{ports}")[0], state="up")
                 ports += 1
-            samples: dict[str, list[float]] = {"veth add": [], "set master": [], "set up": [], "link get": []}
+            labels = ("veth add", "set master", "set up", "link get", "peer up")
+            samples: dict[str, list[float]] = {label: [] for label in labels}
             for j in range(15):
                 name = f"t{target}-{j}"
                 start = time.perf_counter()
@@ -111,6 +115,10 @@ def _bridge_costs(points: list[int]) -> None:
                     start = time.perf_counter()
                     ipr.link(command, index=index, **spec)
                     samples[label].append(time.perf_counter() - start)
+                (peer,) = ipr.link_lookup(ifname=f"p{name}")
+                start = time.perf_counter()
+                ipr.link("set", index=peer, state="up")
+                samples["peer up"].append(time.perf_counter() - start)
                 ipr.link("del", index=index)
             medians = {label: round(statistics.median(v) * 1000, 3) for label, v in samples.items()}
             print(f"{target} ports: {medians} (ms)", flush=True)

@@ -15,6 +15,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as a file: bench/ is sys.path[0], the repository is its parent
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench import dataplane_report
+
 OPS = ("add", "check", "del")
 REFERENCE = "reference-exec"
 FLOOR = "floor"  # bench/floor.py: the chain's kernel objects by the fewest raw pyroute2/libnftables calls
@@ -290,74 +294,8 @@ def _parsing(doc: dict[str, Any]) -> list[str]:
     return out + _table(header, body)
 
 
-DATAPLANE = (
-    ("host_port", "per_s", "conn/s to a host port (outside → DNAT → last container)"),
-    ("c2c_conn", "per_s", "conn/s container {dir} across the bridge"),
-    ("c2c_throughput", "bits_per_s", "throughput container {dir} (iperf3)"),
-)
-
-
 def _dataplane(doc: dict[str, Any]) -> list[str]:
-    rows = doc.get("dataplane") or []
-    if not rows:
-        return []
-    out = [
-        "## Data plane",
-        "",
-        "Every container ADDed, then for "
-        f"{rows[0]['seconds']:g} s each ({rows[0]['workers']} generator processes; median of"
-        f" {rows[0].get('repeat', 1)} runs): new TCP connections per second "
-        "from an outside namespace to the last container's published host port (the DNAT path), and from "
-        f"container {_direction(doc)} across the bridge (bridged traffic traverses the host's "
-        f"firewall hooks: `bridge-nf-call-iptables` column); iperf3 TCP throughput container {_direction(doc)}. "
-        "`×N₀` = the rate / the same backend's rate at the smallest N; "
-        "first packet = rules the DNAT walk evaluates (see the firewall table).",
-        "",
-    ]
-    base: dict[str, dict[str, Any]] = {}
-    body = []
-    for r in sorted(rows, key=lambda r: (r["backend"], r["n"])):
-        if "error" in r:
-            body.append((r["backend"], r["n"], r["error"], "", "", "", "", ""))
-            continue
-        first = base.setdefault(r["backend"], r)
-        body.append(
-            (
-                r["backend"],
-                r["n"],
-                _rate(r, first, "host_port", "per_s"),
-                _rate(r, first, "c2c_conn", "per_s"),
-                _rate(r, first, "c2c_throughput", "bits_per_s", 1e9, "{:.2f}"),
-                r.get("first_packet_rules", "–"),
-                r["rules"]["nft_rules"],  # libnftables lists iptables-nft's tables too
-                r.get("bridge_nf_call_iptables"),
-            )
-        )
-    header = (
-        "backend",
-        "N",
-        "host-port conn/s",
-        "c2c conn/s",
-        "c2c Gbit/s",
-        "first packet rules",
-        "rules (nftables, iptables-nft's included)",
-        "bridge-nf-call-iptables",
-    )
-    return out + _table(header, body)
-
-
-def _direction(doc: dict[str, Any]) -> str:
-    """Container to container as the run measured it: N-1 → 0 (the newest as client) since the
-    section's second version; the first measured 0 → N-1 (its rows' ``from`` is container 0's .2)."""
-    rows = [r for r in doc.get("dataplane") or [] if "from" in r and r["n"] > 2]
-    return "0 → N-1" if rows and rows[0]["from"].endswith(".0.2") else "N-1 → 0"
-
-
-def _rate(
-    r: dict[str, Any], first: dict[str, Any], kind: str, key: str, scale: float = 1.0, fmt: str = "{:,.0f}"
-) -> str:
-    ratio = r[kind][key] / first[kind][key] if first[kind][key] else math.nan
-    return f"{fmt.format(r[kind][key] / scale)} ({ratio:.2f}×N₀)"
+    return dataplane_report.section(doc, _table)
 
 
 def _steps(doc: dict[str, Any]) -> list[str]:
@@ -494,14 +432,15 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def png(doc: dict[str, Any], path: str) -> None:
     """p50 latency vs N per backend, one panel per op, log-log (the band reaches up to p90); then,
-    when the run has them, the data plane's rates vs N and the steps' ms per ADD vs N."""
+    when the run has them, the data plane's rates vs N (median, band min–max) and the steps' ms
+    per ADD vs N."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ops = [op for op in OPS if any(r["op"] == op for r in doc["rows"])]
-    kinds = [k for k in DATAPLANE if any(k[0] in r for r in doc.get("dataplane") or [])]
+    kinds = [k for k in dataplane_report.KINDS if any(k[0] in r for r in doc.get("dataplane") or [])]
     steps = 1 if (doc.get("steps") or {}).get("points") else 0
     panels = len(ops) + len(kinds) + steps
     cols = min(3, max(1, panels))
@@ -525,8 +464,17 @@ def png(doc: dict[str, Any], path: str) -> None:
         for backend in dict.fromkeys(r["backend"] for r in doc["dataplane"]):
             rows = sorted((r for r in doc["dataplane"] if r["backend"] == backend and kind in r), key=lambda r: r["n"])
             scale = 1e9 if key == "bits_per_s" else 1.0
-            ax.plot([r["n"] for r in rows], [r[kind][key] / scale for r in rows], marker="o", label=backend)
-        _axes(ax, title.format(dir=_direction(doc)), "Gbit/s" if key == "bits_per_s" else "conn/s", log_y=False)
+            ns, mid = [r["n"] for r in rows], [r[kind][key] / scale for r in rows]
+            (line,) = ax.plot(ns, mid, marker="o", label=backend)
+            if all("min" in r[kind] for r in rows):  # the runs' range as a band
+                low, high = ([r[kind][k] / scale for r in rows] for k in ("min", "max"))
+                ax.fill_between(ns, low, high, color=line.get_color(), alpha=0.15)
+        _axes(
+            ax,
+            title.format(dir=dataplane_report.direction(doc)),
+            "Gbit/s" if key == "bits_per_s" else "conn/s",
+            log_y=False,
+        )
         ax.set_ylim(bottom=0)
     if steps:
         ax = flat[panels - 1]

@@ -111,7 +111,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--dataplane-seconds", type=float, default=3.0, metavar="S", help="per measurement")
     p.add_argument("--dataplane-workers", type=int, default=2, metavar="W", help="connection generator processes")
-    p.add_argument("--dataplane-repeat", type=int, default=3, metavar="R", help="runs per measurement (median kept)")
+    p.add_argument(
+        "--dataplane-repeat", type=int, default=5, metavar="R", help="rounds (median, min, max of the runs kept)"
+    )
+    p.add_argument(
+        "--dataplane-group",
+        choices=("n", "backend"),
+        default="n",
+        help="cells held and measured interleaved: every backend at one N (n), or every N of one backend",
+    )
+    p.add_argument("--dataplane-pin", action="store_true", help="the generator on CPU 0, the server on CPU 1 (taskset)")
     p.add_argument("--overhead-samples", type=int, default=20, metavar="K")
     p.add_argument("--shim-samples", type=int, default=200, metavar="K", help="execs per shim measurement")
     p.add_argument("--concurrency-n", type=int, default=100, metavar="N")
@@ -292,21 +301,19 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
         if why is None:
             binary = dataplane.build(session.root)
             progress.line(f"== dataplane: N = {args.dataplane_n}, {args.dataplane_seconds:g} s per measurement")
-            for n in args.dataplane_n:
-                for name in args.dataplane_backends:
-                    if name in available:
-                        doc["dataplane"].append(
-                            dataplane.cell(
-                                available[name],
-                                n,
-                                binary,
-                                args.dataplane_seconds,
-                                args.dataplane_workers,
-                                args.dataplane_repeat,
-                                session,
-                                progress,
-                            )
-                        )
+            for group in _dataplane_groups(args, available):
+                doc["dataplane"].extend(
+                    dataplane.measure(
+                        group,
+                        binary,
+                        args.dataplane_seconds,
+                        args.dataplane_workers,
+                        args.dataplane_repeat,
+                        args.dataplane_pin,
+                        session,
+                        progress,
+                    )
+                )
         else:
             doc["skipped"]["dataplane"] = why
             progress.line(f"skipping dataplane: {why}")
@@ -319,6 +326,18 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
                 f"    {row['version']}: json.loads {row['json_loads_per_s']:>9,}/s  parse {row['parse_per_s']:>9,}/s"
                 f"  parse+convert {row['parse_convert_per_s']:>9,}/s"
             )
+
+
+def _dataplane_groups(
+    args: argparse.Namespace, available: dict[str, drivers.Backend]
+) -> list[list[tuple[drivers.Backend, int]]]:
+    """The data plane's cells, in the groups measured interleaved: every backend at one N
+    (``--dataplane-group n``: the stacks compared at each N) or every N of one backend
+    (``backend``: each stack's ×N₀ from runs seconds apart)."""
+    names = [name for name in args.dataplane_backends if name in available]
+    if args.dataplane_group == "backend":
+        return [[(available[name], n) for n in args.dataplane_n] for name in names]
+    return [[(available[name], n) for name in names] for n in args.dataplane_n]
 
 
 def _floor(

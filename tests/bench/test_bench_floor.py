@@ -66,3 +66,40 @@ def test_no_floor_leaves_it_out() -> None:
 def _p50(doc: dict[str, Any], backend: str, op: str) -> float:
     (row,) = [r for r in doc["rows"] if r["backend"] == backend and r["op"] == op]
     return float(row["p50_ms"])
+
+
+def test_the_floor_spreads_containers_over_the_chains_bridges_as_its_cells_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above ``PORTS_PER_BRIDGE`` containers (N=5000: five bridges, a bridge takes ≤ 1023 ports)."""
+    from pyroute2 import IPRoute
+
+    from bench import drivers, floor
+    from bench.session import Session
+    from pycni import netns
+
+    monkeypatch.setattr(drivers, "PORTS_PER_BRIDGE", 3)
+    monkeypatch.setattr(floor, "PORTS_PER_BRIDGE", 3)
+    session = Session()
+    try:
+        with session.cell("floor-bridges", 7) as cell:
+            driver = floor.FloorDriver(cell)
+            assert [driver.add(i) for i in range(7)] == [drivers.expected_address(i) for i in range(7)]
+
+            def ports() -> dict[str, int]:
+                with IPRoute() as ipr:
+                    links = {m["index"]: m.get_attr("IFLA_IFNAME") for m in ipr.get_links()}
+                    masters = [m.get_attr("IFLA_MASTER") for m in ipr.get_links()]
+                return {links[b]: masters.count(b) for b in set(masters) if b}
+
+            def gateway() -> str:
+                with IPRoute() as ipr:
+                    (route,) = ipr.get_default_routes(family=2)
+                    return str(route.get_attr("RTA_GATEWAY"))
+
+            assert netns.run_in(cell.host, ports) == {"pcbench0": 3, "pcbench1": 3, "pcbench2": 1}
+            assert netns.run_in(cell.containers[6], gateway) == str(drivers.subnet(2)[1])
+            for i in range(7):
+                driver.delete(i)
+            driver.close()
+    finally:
+        session.close()
+    assert not namespaces_with_prefix(session.prefix)

@@ -90,7 +90,7 @@ def test_steps_times_the_kernel_requests_of_in_process_adds_per_n() -> None:
     assert "call" in links.__dict__ and not hasattr(links.call, "__wrapped__")
 
 
-def test_dataplane_section_measures_positive_rates_for_pycni_and_leaves_nothing(workdir: Path) -> None:
+def test_dataplane_section_measures_positive_rates_interleaved_for_pycni_and_leaves_nothing(workdir: Path) -> None:
     out = workdir / "dp.json"
     argv = [
         sys.executable,
@@ -101,6 +101,7 @@ def test_dataplane_section_measures_positive_rates_for_pycni_and_leaves_nothing(
         "--dataplane-n", "2,4",
         "--dataplane-seconds", "1",
         "--dataplane-repeat", "2",
+        "--dataplane-group", "backend",
         "--json", str(out),
     ]  # fmt: skip
     proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=180)
@@ -111,10 +112,15 @@ def test_dataplane_section_measures_positive_rates_for_pycni_and_leaves_nothing(
         assert "error" not in row, row
         for kind in ("host_port", "c2c_conn"):
             assert row[kind]["per_s"] > 0 and row[kind]["connections"] > 0, row
-            assert len(row[kind]["runs"]) == 2 and min(row[kind]["runs"]) == row[kind]["per_s"]
+            assert len(row[kind]["runs"]) == 2 and min(row[kind]["runs"]) == row[kind]["per_s"] == row[kind]["min"]
+            assert row[kind]["max"] == max(row[kind]["runs"])
+            assert row[kind]["cpu_us_per_conn"]["median"] > 0  # the generator's CPU time per connection
         assert row["c2c_throughput"]["bits_per_s"] > 0 and len(row["c2c_throughput"]["runs"]) == 2
+        assert row["c2c_throughput"]["cpu_ms_per_gbit"]["median"] > 0  # both iperf3 ends' CPU per Gbit
         assert row["first_packet_rules"] == 3  # pycni's DNAT is a map lookup whatever N
         assert (row["from"], row["to"]) == (drivers.expected_address(row["n"] - 1), drivers.expected_address(0))
+    # both cells held and measured in the same rounds: the report compares them round by round
+    assert {r["group"] for r in doc["dataplane"]} == {"pycni-inprocess@2 pycni-inprocess@4"}
     assert doc["cleanup"] == {"swept_namespaces": [], "temp_root_removed": True}
     assert not namespaces_with_prefix(doc["config"]["namespace_prefix"])
     assert "## Data plane" in proc.stdout
