@@ -145,6 +145,55 @@ def test_the_rule_dump_is_not_kept_when_the_ruleset_changed_during_it(host, kit,
     assert len(reads) == 2
 
 
+def test_the_generation_read_on_a_plain_socket_is_the_one_pyroute2_decodes(host):
+    reader = nfnl.Generation()
+    try:
+        with nfnl.reading("inet") as decoded:
+            before = reader.read()
+            assert before == decoded.generation()
+            nft.run(["add table inet pycni"])
+            assert reader.read() == decoded.generation() == before + 1
+    finally:
+        reader.close()
+
+
+def test_the_next_apply_heals_a_chain_flushed_by_another_process_at_once(host, kit, monkeypatch, state_dir):
+    """The skeleton's verification is keyed by the ruleset generation, not by a timer: the
+    very next ADD after someone else's change verifies and repairs, with no wait."""
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    rules = kit.nft_rule_count()
+    _nft_elsewhere(host, "flush chain inet pycni hostports")
+    dumps = _counting_dumps(monkeypatch)
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert dumps, "the foreign flush was seen"
+    assert kit.nft_rule_count() == rules
+    assert nft.skeleton_problems(SECTIONS) == []
+    _nft_elsewhere(host, "delete table inet pycni")
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert kit.nft_rule_count() == rules
+    assert nft.check(ATT, _elements(), SECTIONS) is None
+
+
+def test_our_own_element_transactions_keep_the_verification(host, monkeypatch, state_dir):
+    """ADDs and DELs of elements, in any thread, bump the generation by one each: nothing to
+    verify again. A transaction that removes more than elements (here: a chain) forgets it."""
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    dumps = _counting_dumps(monkeypatch)
+    other = Attachment("net1", "c2", "eth0")
+    addr = ipaddress.ip_interface("10.88.0.6/16")
+    for _ in range(3):
+        netns.run_in(host.path, nft.apply, "portmap", other, _elements(8081, addr), SECTIONS, state_dir=state_dir)
+        nft.release("portmap", other, state_dir=state_dir)
+        nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert dumps == []
+    nft.run(["add chain inet pycni unrelated"])
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert dumps == []
+    nft.run(["delete chain inet pycni unrelated"])
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert dumps == ["inet"]
+
+
 def test_apply_release_and_record(host, kit, state_dir):
     nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
     record = os.path.join(state_dir, "nft", f"{ATT.key}.portmap")

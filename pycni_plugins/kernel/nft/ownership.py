@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 import secrets
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -26,7 +25,7 @@ import attrs
 from pycni.sdk import Attachment
 
 from ..state import Records
-from .transport import READ_RETRIES, TABLE, VERIFY_EVERY, NftInterrupted, context, error, memo, run
+from .transport import READ_RETRIES, TABLE, NftInterrupted, NftNotFound, context, error, memo, run, settled
 
 __all__ = [
     "Comment",
@@ -274,7 +273,10 @@ def reclaim(store: Records) -> None:
     token = _epoch(store)
     if token is None or holder(_epoch_element(token)) is not None or _epoch_tokens():
         return
-    run([f"add set inet {TABLE} {EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
+    try:
+        run([f"add set inet {TABLE} {EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
+    except NftNotFound:
+        return  # no inet table yet (only the bridge family's was rebuilt): its creator reclaims
     memo().authoritative.clear()
 
 
@@ -283,14 +285,16 @@ def authoritative(store: Records) -> bool:
     elements" (a repeated DEL) and the O(n) search by comment can be skipped. The first record
     written to a state dir puts a random token both in the dir and in ``set inet pycni epoch``;
     a lost state dir, or a table rebuilt behind our back, breaks the pair."""
-    # Remembered for VERIFY_EVERY per namespace, as ensure() does: every DEL asks for each
-    # owner, and the answer only changes when someone rebuilds the table.
-    shared = memo()
-    now = time.monotonic()
-    cached = shared.authoritative.get(store.root)
-    if cached is not None and now - cached[0] < VERIFY_EVERY:
-        return cached[1]
+    # Remembered per namespace, by the state dir's token, while the ruleset changes only by
+    # pycni's element transactions (transport.settled): every DEL asks for each owner, and the
+    # answer only changes when someone rebuilds the table or the state dir is replaced.
     token = _epoch(store)
-    answer = token is not None and holder(_epoch_element(token)) is not None
-    shared.authoritative[store.root] = (now, answer)
+    if token is None:
+        return False
+    shared, at = settled()
+    cached = shared.authoritative.get(store.root)
+    if cached is not None and cached[0] == token:
+        return cached[1]
+    answer = holder(_epoch_element(token)) is not None
+    shared.learned(at, authority=(store.root, token, answer))
     return answer

@@ -35,6 +35,8 @@ __all__ = [
     "error",
     "context",
     "memo",
+    "generation",
+    "settled",
     "run",
     "run_json",
     "list_table",
@@ -46,8 +48,16 @@ __all__ = [
 #: hooks that read or program another owner's table on purpose).
 TABLE = "pycni"
 FAMILIES = ("inet", "bridge")
-#: Seconds between two verifications of the skeleton (its rules) in one namespace.
+#: Seconds what no ruleset generation tracks (:mod:`..hostfw`'s legacy iptables, sysctls,
+#: uplinks) is trusted for.
 VERIFY_EVERY = 1.0
+#: Seconds after which an unused namespace's memo is dropped (its namespace may be gone).
+FORGET_AFTER = 60.0
+_GENERATION_MASK = 0xFFFFFFFF  # NFTA_GEN_ID is 32 bits: it wraps
+#: The commands of a transaction that leaves what the memo knows (sections whole, epochs
+#: present) as it was: only additions, and deletions of elements (never of an epoch's: those
+#: go through :func:`run_json`).
+_KEEPS = ("add ", "create ", "insert ", "delete element ")
 READ_RETRIES = 5
 
 
@@ -101,12 +111,22 @@ def error(err: str | None) -> NftError:
 
 @attrs.define(eq=False)
 class Memo:
-    """What was last learned about one namespace's table, shared by the threads working in it:
-    sections verified (monotonic time per section), whether each state dir is authoritative, and
-    the last dump of each family's chains and rules with the ruleset generation it shows."""
+    """What was last learned about one namespace's table, shared by the threads working in it.
 
-    ensured: dict[tuple[str, str], float] = attrs.Factory(dict)
-    authoritative: dict[str, tuple[float, bool]] = attrs.Factory(dict)  # by state dir
+    ``ensured`` (the sections found whole) and ``authoritative`` (per state dir: its epoch token
+    and the answer) hold at ruleset generation ``generation``. Every committed transaction
+    increments the generation, so :func:`settled` forgets them as soon as the generation is
+    another one — unless the step was one of our own transactions that only add things or
+    delete elements, which :func:`run` brackets with two reads of the generation: when the
+    second is the first plus one, nothing but that transaction happened in between, and it
+    removed no rule, chain or epoch, so what was known still holds (``generation`` moves on).
+    Someone else's change (``nft flush ruleset``, a firewall reload) is therefore seen by the
+    next ADD, at the cost of a ~0.01 ms read. Also the last dump of each family's chains and
+    rules with the generation it shows, and the host's own filtering (:mod:`..hostfw`)."""
+
+    generation: int | None = None
+    ensured: set[tuple[str, str]] = attrs.Factory(set)
+    authoritative: dict[str, tuple[str, bool]] = attrs.Factory(dict)  # by state dir
     dumps: dict[str, tuple[int, dict[str, list[nfnl.Rule]] | None]] = attrs.Factory(dict)
     #: The host's own forward filtering (:mod:`..hostfw`): nftables by generation; legacy
     #: iptables, br_netfilter's sysctls and the uplinks by the monotonic time they were read at.
@@ -114,10 +134,28 @@ class Memo:
     host_legacy: tuple[float, Any] | None = None
     #: The namespace's cookie (never reused while the machine runs); ``None`` where the kernel has none.
     cookie: int | None = None
+    used: float = attrs.Factory(time.monotonic)
+    lock: threading.Lock = attrs.Factory(threading.Lock)
 
     def stale(self, now: float) -> bool:
-        times = [*self.ensured.values(), *(t for t, _ in self.authoritative.values())]
-        return all(now - t >= VERIFY_EVERY for t in times)
+        return now - self.used >= FORGET_AFTER
+
+    def learned(
+        self, at: int, *, sections: Iterable[tuple[str, str]] = (), authority: tuple[str, str, bool] | None = None
+    ) -> None:
+        """Keep what was found at generation ``at`` (:func:`settled`'s): ``sections`` whole,
+        ``authority`` = (state dir, its token, the answer); dropped if the memo moved on since."""
+        with self.lock:
+            if self.generation != at:
+                return
+            self.ensured.update(sections)
+            if authority is not None:
+                self.authoritative[authority[0]] = authority[1:]
+
+    def _committed(self, before: int, after: int) -> None:
+        with self.lock:
+            if self.generation == before and after in (before, (before + 1) & _GENERATION_MASK):
+                self.generation = after
 
 
 _local = threading.local()
@@ -164,6 +202,10 @@ def context() -> Any:
     ctx = _LoggedNftables()
     _local.ctx = (ident, ctx)
     _local.memo = _shared_memo()
+    old = getattr(_local, "generation", None)
+    if old is not None:
+        old.close()
+        _local.generation = None
     return ctx
 
 
@@ -185,14 +227,51 @@ def memo() -> Memo:
     return found
 
 
+def generation() -> int:
+    """The calling thread's namespace's ruleset generation (:class:`~..nfnl.Generation`, kept
+    per thread beside its context); :class:`NftError` if the kernel does not answer."""
+    context()
+    reader = getattr(_local, "generation", None)
+    try:
+        if reader is None:
+            reader = _local.generation = nfnl.Generation()
+        return reader.read()
+    except nfnl.NetlinkError as e:
+        raise NftError(f"cannot read the nftables generation: {e.strerror}") from None
+
+
+def settled() -> tuple[Memo, int]:
+    """The calling thread's namespace's memo, rid of what the ruleset changed since it was
+    learned (see :class:`Memo`), and the generation that holds at: pass it to
+    :meth:`Memo.learned` with what is then found."""
+    shared = memo()
+    now = generation()
+    with shared.lock:
+        shared.used = time.monotonic()
+        if shared.generation != now:
+            shared.generation = now
+            shared.ensured.clear()
+            shared.authoritative.clear()
+    return shared, now
+
+
 def run(commands: Iterable[str]) -> None:
-    """Apply ``commands`` as one transaction; :class:`NftError` (nothing applied) on failure."""
-    text = "\n".join(commands)
-    if not text:
+    """Apply ``commands`` as one transaction; :class:`NftError` (nothing applied) on failure.
+
+    A transaction of additions and element deletions only is bracketed by two reads of the
+    generation, so the memo keeps what it knows across it when nothing else happened in between
+    (:class:`Memo`)."""
+    lines = list(commands)
+    if not lines:
         return
-    rc, _, err = context().cmd(text)
+    ctx = context()
+    shared: Memo = _local.memo
+    before = generation() if shared.generation is not None and all(c.startswith(_KEEPS) for c in lines) else None
+    rc, _, err = ctx.cmd("\n".join(lines))
     if rc != 0:
         raise error(err)
+    if before is not None:
+        shared._committed(before, generation())
 
 
 def run_json(commands: Sequence[Mapping[str, Any]]) -> None:
