@@ -36,6 +36,7 @@ __all__ = [
     "context",
     "memo",
     "generation",
+    "commits_since",
     "settled",
     "run",
     "run_json",
@@ -238,6 +239,12 @@ def generation() -> int:
         return reader.read()
     except nfnl.NetlinkError as e:
         raise NftError(f"cannot read the nftables generation: {e.strerror}") from None
+
+
+def commits_since(before: int) -> int:
+    """How many transactions were committed in the calling thread's namespace, by anyone,
+    since :func:`generation` said ``before``."""
+    return (generation() - before) & _GENERATION_MASK
 
 
 def settled() -> tuple[Memo, int]:
