@@ -145,16 +145,19 @@ def test_the_rule_dump_is_not_kept_when_the_ruleset_changed_during_it(host, kit,
     assert len(reads) == 2
 
 
-def test_the_generation_read_on_a_plain_socket_is_the_one_pyroute2_decodes(host):
-    reader = nfnl.Generation()
+def test_the_probe_answers_as_pyroute2s_requests(host):
+    probe = nfnl.Probe()
     try:
         with nfnl.reading("inet") as decoded:
-            before = reader.read()
+            before = probe.generation()
             assert before == decoded.generation()
+            assert not probe.has_table("inet", "pycni")
             nft.run(["add table inet pycni"])
-            assert reader.read() == decoded.generation() == before + 1
+            assert probe.generation() == decoded.generation() == before + 1
+            assert probe.has_table("inet", "pycni") and decoded.has_table("pycni")
+            assert not probe.has_table("ip", "pycni") and not probe.has_table("bridge", "pycni")
     finally:
-        reader.close()
+        probe.close()
 
 
 def test_the_next_apply_heals_a_chain_flushed_by_another_process_at_once(host, kit, monkeypatch, state_dir):

@@ -37,6 +37,7 @@ __all__ = [
     "memo",
     "generation",
     "commits_since",
+    "has_table",
     "settled",
     "run",
     "run_json",
@@ -203,10 +204,10 @@ def context() -> Any:
     ctx = _LoggedNftables()
     _local.ctx = (ident, ctx)
     _local.memo = _shared_memo()
-    old = getattr(_local, "generation", None)
+    old = getattr(_local, "probe", None)
     if old is not None:
         old.close()
-        _local.generation = None
+        _local.probe = None
     return ctx
 
 
@@ -228,17 +229,30 @@ def memo() -> Memo:
     return found
 
 
-def generation() -> int:
-    """The calling thread's namespace's ruleset generation (:class:`~..nfnl.Generation`, kept
-    per thread beside its context); :class:`NftError` if the kernel does not answer."""
+def _probe() -> nfnl.Probe:
     context()
-    reader = getattr(_local, "generation", None)
+    probe: nfnl.Probe | None = getattr(_local, "probe", None)
+    if probe is None:
+        probe = _local.probe = nfnl.Probe()
+    return probe
+
+
+def generation() -> int:
+    """The calling thread's namespace's ruleset generation (:class:`~..nfnl.Probe`, kept per
+    thread beside its context); :class:`NftError` if the kernel does not answer."""
     try:
-        if reader is None:
-            reader = _local.generation = nfnl.Generation()
-        return reader.read()
+        return _probe().generation()
     except nfnl.NetlinkError as e:
         raise NftError(f"cannot read the nftables generation: {e.strerror}") from None
+
+
+def has_table(family: str, name: str) -> bool:
+    """Whether the calling thread's namespace has ``table <family> <name>`` (any owner's): one
+    netlink lookup, where a libnftables listing fetches its cache first."""
+    try:
+        return _probe().has_table(family, name)
+    except nfnl.NetlinkError as e:
+        raise NftError(f"cannot look up table {family} {name}: {e.strerror}") from None
 
 
 def commits_since(before: int) -> int:
