@@ -197,6 +197,36 @@ def test_our_own_element_transactions_keep_the_verification(host, monkeypatch, s
     assert dumps == ["inet"]
 
 
+def test_a_map_found_bare_is_listed_again_only_after_a_change_to_it(host, monkeypatch, state_dir):
+    """portmap's look at the host-IP map costs no listing while the map is known to hold no
+    commented element: our own transactions touching the map, and anyone else's change, make
+    the next look list it again."""
+    nft.ensure(SECTIONS)
+    listings: list[str] = []
+    real = transport._LoggedNftables.json_cmd
+
+    def counting(self, command):
+        if "'map'" in str(command):
+            listings.append(str(command))
+        return real(self, command)
+
+    monkeypatch.setattr(transport._LoggedNftables, "json_cmd", counting)
+    specific = layout.hostport_element("tcp", 8080, A4.ip, 80, ipaddress.ip_address("198.18.0.1"))
+    assert nft.map_elements("inet", specific.set) == []
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)  # leaves the map alone
+    assert nft.map_elements("inet", specific.set) == []
+    assert len(listings) == 1
+    nft.apply("portmap", ATT, [*_elements(), specific], SECTIONS, state_dir=state_dir)
+    assert [f.parsed.names(ATT) for f in nft.map_elements("inet", specific.set)] == [True]
+    nft.release("portmap", ATT, state_dir=state_dir)
+    assert nft.map_elements("inet", specific.set) == []
+    assert len(listings) == 3
+    _nft_elsewhere(
+        host, f'add element inet pycni {specific.set} {{ 198.18.0.2 . tcp . 81 comment "x y" : 10.88.0.9 . 80 }}'
+    )
+    assert [f.comment for f in nft.map_elements("inet", specific.set)] == ["x y"]
+
+
 def test_apply_release_and_record(host, kit, state_dir):
     nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
     record = os.path.join(state_dir, "nft", f"{ATT.key}.portmap")

@@ -4,6 +4,7 @@ the per-namespace memo of what was last verified."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -60,6 +61,7 @@ _GENERATION_MASK = 0xFFFFFFFF  # NFTA_GEN_ID is 32 bits: it wraps
 #: present) as it was: only additions, and deletions of elements (never of an epoch's: those
 #: go through :func:`run_json`).
 _KEEPS = ("add ", "create ", "insert ", "delete element ")
+_ELEMENT = re.compile(r"(?:add|create|delete) element (\S+) \S+ (\S+) ")
 READ_RETRIES = 5
 
 
@@ -128,6 +130,9 @@ class Memo:
 
     generation: int | None = None
     ensured: set[tuple[str, str]] = attrs.Factory(set)
+    #: (family, set) of sets and maps found without a commented element; a transaction of ours
+    #: with an element command on one drops it (before and after its commit).
+    bare: set[tuple[str, str]] = attrs.Factory(set)
     authoritative: dict[str, tuple[str, bool]] = attrs.Factory(dict)  # by state dir
     dumps: dict[str, tuple[int, dict[str, list[nfnl.Rule]] | None]] = attrs.Factory(dict)
     #: The host's own forward filtering (:mod:`..hostfw`): nftables by generation; legacy
@@ -143,21 +148,34 @@ class Memo:
         return now - self.used >= FORGET_AFTER
 
     def learned(
-        self, at: int, *, sections: Iterable[tuple[str, str]] = (), authority: tuple[str, str, bool] | None = None
+        self,
+        at: int,
+        *,
+        sections: Iterable[tuple[str, str]] = (),
+        authority: tuple[str, str, bool] | None = None,
+        bare: Iterable[tuple[str, str]] = (),
     ) -> None:
         """Keep what was found at generation ``at`` (:func:`settled`'s): ``sections`` whole,
-        ``authority`` = (state dir, its token, the answer); dropped if the memo moved on since."""
+        ``authority`` = (state dir, its token, the answer), ``bare`` sets; dropped if the memo
+        moved on since."""
         with self.lock:
             if self.generation != at:
                 return
             self.ensured.update(sections)
+            self.bare.update(bare)
             if authority is not None:
                 self.authoritative[authority[0]] = authority[1:]
 
-    def _committed(self, before: int, after: int) -> None:
+    def _touching(self, sets: set[tuple[str, str]]) -> None:
         with self.lock:
-            if self.generation == before and after in (before, (before + 1) & _GENERATION_MASK):
-                self.generation = after
+            self.bare -= sets
+
+    def _committed(self, before: int | None, after: int | None, sets: set[tuple[str, str]]) -> None:
+        with self.lock:
+            self.bare -= sets
+            if before is not None and after is not None and self.generation == before:
+                if after in (before, (before + 1) & _GENERATION_MASK):
+                    self.generation = after
 
 
 _local = threading.local()
@@ -272,6 +290,7 @@ def settled() -> tuple[Memo, int]:
         if shared.generation != now:
             shared.generation = now
             shared.ensured.clear()
+            shared.bare.clear()
             shared.authoritative.clear()
     return shared, now
 
@@ -287,12 +306,13 @@ def run(commands: Iterable[str]) -> None:
         return
     ctx = context()
     shared: Memo = _local.memo
+    sets = {(m.group(1), m.group(2)) for m in map(_ELEMENT.match, lines) if m}
+    shared._touching(sets)
     before = generation() if shared.generation is not None and all(c.startswith(_KEEPS) for c in lines) else None
     rc, _, err = ctx.cmd("\n".join(lines))
     if rc != 0:
         raise error(err)
-    if before is not None:
-        shared._committed(before, generation())
+    shared._committed(before, generation() if before is not None else None, sets)
 
 
 def run_json(commands: Sequence[Mapping[str, Any]]) -> None:
