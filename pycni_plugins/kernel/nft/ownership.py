@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -25,7 +26,18 @@ import attrs
 from pycni.sdk import Attachment
 
 from ..state import Records
-from .transport import READ_RETRIES, TABLE, NftInterrupted, NftNotFound, context, error, memo, run, settled
+from .transport import (
+    READ_RETRIES,
+    TABLE,
+    VERIFY_EVERY,
+    NftInterrupted,
+    NftNotFound,
+    context,
+    error,
+    memo,
+    run,
+    settled,
+)
 
 __all__ = [
     "Comment",
@@ -285,16 +297,21 @@ def authoritative(store: Records) -> bool:
     elements" (a repeated DEL) and the O(n) search by comment can be skipped. The first record
     written to a state dir puts a random token both in the dir and in ``set inet pycni epoch``;
     a lost state dir, or a table rebuilt behind our back, breaks the pair."""
-    # Remembered per namespace, by the state dir's token, while the ruleset changes only by
-    # pycni's element transactions (transport.settled): every DEL asks for each owner, and the
-    # answer only changes when someone rebuilds the table or the state dir is replaced.
+    # Remembered per namespace while the ruleset changes only by pycni's element transactions
+    # (transport.settled): every DEL asks for each owner, and the kernel's side of the answer
+    # only changes when someone rebuilds the table. The state dir's side (its token: a replaced
+    # dir has another, or none) is read again once VERIFY_EVERY has passed.
+    shared, at = settled()
+    now = time.monotonic()
+    cached = shared.authoritative.get(store.root)
+    if cached is not None and now - cached[0] < VERIFY_EVERY:
+        return cached[2]
     token = _epoch(store)
     if token is None:
         return False
-    shared, at = settled()
-    cached = shared.authoritative.get(store.root)
-    if cached is not None and cached[0] == token:
-        return cached[1]
-    answer = holder(_epoch_element(token)) is not None
-    shared.learned(at, authority=(store.root, token, answer))
+    if cached is not None and cached[1] == token:
+        answer = cached[2]
+    else:
+        answer = holder(_epoch_element(token)) is not None
+    shared.learned(at, authority=(store.root, (now, token, answer)))
     return answer

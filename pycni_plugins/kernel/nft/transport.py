@@ -52,7 +52,7 @@ __all__ = [
 TABLE = "pycni"
 FAMILIES = ("inet", "bridge")
 #: Seconds what no ruleset generation tracks (:mod:`..hostfw`'s legacy iptables, sysctls,
-#: uplinks) is trusted for.
+#: uplinks; a state dir's epoch token) is trusted for.
 VERIFY_EVERY = 1.0
 #: Seconds after which an unused namespace's memo is dropped (its namespace may be gone).
 FORGET_AFTER = 60.0
@@ -117,8 +117,8 @@ def error(err: str | None) -> NftError:
 class Memo:
     """What was last learned about one namespace's table, shared by the threads working in it.
 
-    ``ensured`` (the sections found whole) and ``authoritative`` (per state dir: its epoch token
-    and the answer) hold at ruleset generation ``generation``. Every committed transaction
+    ``ensured`` (the sections found whole), ``bare`` and ``authoritative`` (per state dir: its
+    epoch token and the answer) hold at ruleset generation ``generation``. Every committed transaction
     increments the generation, so :func:`settled` forgets them as soon as the generation is
     another one — unless the step was one of our own transactions that only add things or
     delete elements, which :func:`run` brackets with two reads of the generation: when the
@@ -133,7 +133,8 @@ class Memo:
     #: (family, set) of sets and maps found without a commented element; a transaction of ours
     #: with an element command on one drops it (before and after its commit).
     bare: set[tuple[str, str]] = attrs.Factory(set)
-    authoritative: dict[str, tuple[str, bool]] = attrs.Factory(dict)  # by state dir
+    #: By state dir: (monotonic time its token was read, the token, the answer).
+    authoritative: dict[str, tuple[float, str, bool]] = attrs.Factory(dict)
     dumps: dict[str, tuple[int, dict[str, list[nfnl.Rule]] | None]] = attrs.Factory(dict)
     #: The host's own forward filtering (:mod:`..hostfw`): nftables by generation; legacy
     #: iptables, br_netfilter's sysctls and the uplinks by the monotonic time they were read at.
@@ -152,19 +153,19 @@ class Memo:
         at: int,
         *,
         sections: Iterable[tuple[str, str]] = (),
-        authority: tuple[str, str, bool] | None = None,
+        authority: tuple[str, tuple[float, str, bool]] | None = None,
         bare: Iterable[tuple[str, str]] = (),
     ) -> None:
         """Keep what was found at generation ``at`` (:func:`settled`'s): ``sections`` whole,
-        ``authority`` = (state dir, its token, the answer), ``bare`` sets; dropped if the memo
-        moved on since."""
+        ``authority`` = (state dir, (when its token was read, the token, the answer)), ``bare``
+        sets; dropped if the memo moved on since."""
         with self.lock:
             if self.generation != at:
                 return
             self.ensured.update(sections)
             self.bare.update(bare)
             if authority is not None:
-                self.authoritative[authority[0]] = authority[1:]
+                self.authoritative[authority[0]] = authority[1]
 
     def _touching(self, sets: set[tuple[str, str]]) -> None:
         with self.lock:
