@@ -121,9 +121,9 @@ class Memo:
     epoch token and the answer) hold at ruleset generation ``generation``. Every committed transaction
     increments the generation, so :func:`settled` forgets them as soon as the generation is
     another one — unless the step was one of our own transactions that only add things or
-    delete elements, which :func:`run` brackets with two reads of the generation: when the
-    second is the first plus one, nothing but that transaction happened in between, and it
-    removed no rule, chain or epoch, so what was known still holds (``generation`` moves on).
+    delete elements, after which :func:`run` reads the generation: when it is the memo's plus
+    one, nothing but that transaction happened since the memo's was read, and it removed no
+    rule, chain or epoch, so what was known still holds (``generation`` moves on).
     Someone else's change (``nft flush ruleset``, a firewall reload) is therefore seen by the
     next ADD, at the cost of a ~0.01 ms read. Also the last dump of each family's chains and
     rules with the generation it shows, and the host's own filtering (:mod:`..hostfw`)."""
@@ -299,9 +299,8 @@ def settled() -> tuple[Memo, int]:
 def run(commands: Iterable[str]) -> None:
     """Apply ``commands`` as one transaction; :class:`NftError` (nothing applied) on failure.
 
-    A transaction of additions and element deletions only is bracketed by two reads of the
-    generation, so the memo keeps what it knows across it when nothing else happened in between
-    (:class:`Memo`)."""
+    After a transaction of additions and element deletions only, the generation is read, so
+    the memo keeps what it knows across it when nothing else happened (:class:`Memo`)."""
     lines = list(commands)
     if not lines:
         return
@@ -309,7 +308,10 @@ def run(commands: Iterable[str]) -> None:
     shared: Memo = _local.memo
     sets = {(m.group(1), m.group(2)) for m in map(_ELEMENT.match, lines) if m}
     shared._touching(sets)
-    before = generation() if shared.generation is not None and all(c.startswith(_KEEPS) for c in lines) else None
+    # The memo's generation was read before this commit, so one step from it to the read after
+    # is this commit and nothing else (a read right before the commit would narrow the window
+    # for other processes' commits, at one more read per transaction).
+    before = shared.generation if all(c.startswith(_KEEPS) for c in lines) else None
     rc, _, err = ctx.cmd("\n".join(lines))
     if rc != 0:
         raise error(err)
