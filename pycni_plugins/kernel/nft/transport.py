@@ -249,25 +249,32 @@ def memo() -> Memo:
 
 
 def _probe() -> nfnl.Probe:
-    context()
+    """The calling thread's probe, for the namespace :func:`context` was last called in (call
+    it first: it finds the namespace, which costs a ``stat``)."""
     probe: nfnl.Probe | None = getattr(_local, "probe", None)
     if probe is None:
         probe = _local.probe = nfnl.Probe()
     return probe
 
 
-def generation() -> int:
-    """The calling thread's namespace's ruleset generation (:class:`~..nfnl.Probe`, kept per
-    thread beside its context); :class:`NftError` if the kernel does not answer."""
+def _generation_here() -> int:
     try:
         return _probe().generation()
     except nfnl.NetlinkError as e:
         raise NftError(f"cannot read the nftables generation: {e.strerror}") from None
 
 
+def generation() -> int:
+    """The calling thread's namespace's ruleset generation (:class:`~..nfnl.Probe`, kept per
+    thread beside its context); :class:`NftError` if the kernel does not answer."""
+    context()
+    return _generation_here()
+
+
 def has_table(family: str, name: str) -> bool:
     """Whether the calling thread's namespace has ``table <family> <name>`` (any owner's): one
     netlink lookup, where a libnftables listing fetches its cache first."""
+    context()
     try:
         return _probe().has_table(family, name)
     except nfnl.NetlinkError as e:
@@ -285,7 +292,7 @@ def settled() -> tuple[Memo, int]:
     learned (see :class:`Memo`), and the generation that holds at: pass it to
     :meth:`Memo.learned` with what is then found."""
     shared = memo()
-    now = generation()
+    now = _generation_here()
     with shared.lock:
         shared.used = time.monotonic()
         if shared.generation != now:
@@ -315,7 +322,7 @@ def run(commands: Iterable[str]) -> None:
     rc, _, err = ctx.cmd("\n".join(lines))
     if rc != 0:
         raise error(err)
-    shared._committed(before, generation() if before is not None else None, sets)
+    shared._committed(before, _generation_here() if before is not None else None, sets)
 
 
 def run_json(commands: Sequence[Mapping[str, Any]]) -> None:
