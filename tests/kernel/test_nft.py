@@ -145,6 +145,88 @@ def test_the_rule_dump_is_not_kept_when_the_ruleset_changed_during_it(host, kit,
     assert len(reads) == 2
 
 
+def test_the_probe_answers_as_pyroute2s_requests(host):
+    probe = nfnl.Probe()
+    try:
+        with nfnl.reading("inet") as decoded:
+            before = probe.generation()
+            assert before == decoded.generation()
+            assert not probe.has_table("inet", "pycni")
+            nft.run(["add table inet pycni"])
+            assert probe.generation() == decoded.generation() == before + 1
+            assert probe.has_table("inet", "pycni") and decoded.has_table("pycni")
+            assert not probe.has_table("ip", "pycni") and not probe.has_table("bridge", "pycni")
+    finally:
+        probe.close()
+
+
+def test_the_next_apply_heals_a_chain_flushed_by_another_process_at_once(host, kit, monkeypatch, state_dir):
+    """The skeleton's verification is keyed by the ruleset generation, not by a timer: the
+    very next ADD after someone else's change verifies and repairs, with no wait."""
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    rules = kit.nft_rule_count()
+    _nft_elsewhere(host, "flush chain inet pycni hostports")
+    dumps = _counting_dumps(monkeypatch)
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert dumps, "the foreign flush was seen"
+    assert kit.nft_rule_count() == rules
+    assert nft.skeleton_problems(SECTIONS) == []
+    _nft_elsewhere(host, "delete table inet pycni")
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert kit.nft_rule_count() == rules
+    assert nft.check(ATT, _elements(), SECTIONS) is None
+
+
+def test_our_own_element_transactions_keep_the_verification(host, monkeypatch, state_dir):
+    """ADDs and DELs of elements, in any thread, bump the generation by one each: nothing to
+    verify again. A transaction that removes more than elements (here: a chain) forgets it."""
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    dumps = _counting_dumps(monkeypatch)
+    other = Attachment("net1", "c2", "eth0")
+    addr = ipaddress.ip_interface("10.88.0.6/16")
+    for _ in range(3):
+        netns.run_in(host.path, nft.apply, "portmap", other, _elements(8081, addr), SECTIONS, state_dir=state_dir)
+        nft.release("portmap", other, state_dir=state_dir)
+        nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert dumps == []
+    nft.run(["add chain inet pycni unrelated"])
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert dumps == []
+    nft.run(["delete chain inet pycni unrelated"])
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert dumps == ["inet"]
+
+
+def test_a_map_found_bare_is_listed_again_only_after_a_change_to_it(host, monkeypatch, state_dir):
+    """portmap's look at the host-IP map costs no listing while the map is known to hold no
+    commented element: our own transactions touching the map, and anyone else's change, make
+    the next look list it again."""
+    nft.ensure(SECTIONS)
+    listings: list[str] = []
+    real = transport._LoggedNftables.json_cmd
+
+    def counting(self, command):
+        if "'map'" in str(command):
+            listings.append(str(command))
+        return real(self, command)
+
+    monkeypatch.setattr(transport._LoggedNftables, "json_cmd", counting)
+    specific = layout.hostport_element("tcp", 8080, A4.ip, 80, ipaddress.ip_address("198.18.0.1"))
+    assert nft.map_elements("inet", specific.set) == []
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)  # leaves the map alone
+    assert nft.map_elements("inet", specific.set) == []
+    assert len(listings) == 1
+    nft.apply("portmap", ATT, [*_elements(), specific], SECTIONS, state_dir=state_dir)
+    assert [f.parsed.names(ATT) for f in nft.map_elements("inet", specific.set)] == [True]
+    nft.release("portmap", ATT, state_dir=state_dir)
+    assert nft.map_elements("inet", specific.set) == []
+    assert len(listings) == 3
+    _nft_elsewhere(
+        host, f'add element inet pycni {specific.set} {{ 198.18.0.2 . tcp . 81 comment "x y" : 10.88.0.9 . 80 }}'
+    )
+    assert [f.comment for f in nft.map_elements("inet", specific.set)] == ["x y"]
+
+
 def test_apply_release_and_record(host, kit, state_dir):
     nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
     record = os.path.join(state_dir, "nft", f"{ATT.key}.portmap")

@@ -244,3 +244,29 @@ def test_a_host_ip_with_a_zone_is_refused_at_validation(attached, kit, host_ip):
     with pytest.raises(CNIError, match=f'invalid host ip "{host_ip}" provided for port 18080'):
         PortmapPlugin().validate(request)
     _refused(PortmapPlugin(), kit, request, "invalid host ip")
+
+
+def test_a_host_ip_mapping_committed_between_the_two_looks_still_refuses_the_every_address_one(
+    attached, kit, monkeypatch
+):
+    """The look after the commit is skipped only when the ruleset generation shows nothing but
+    this ADD's own commit since the first look: a racing host-IP ADD committed in between (here
+    a's, in the middle of b's) is seen, and b's mapping is taken back."""
+    from pycni_plugins import portmap
+
+    _, [(a, ra), (b, rb)] = attached
+    plugin = PortmapPlugin()
+    one = [{"hostPort": 18080, "containerPort": 80, "hostIP": "10.77.0.1"}]
+    wild = [{"hostPort": 18080, "containerPort": 80}]
+    real = portmap.nft.recorded
+
+    def racing(*args, **kwargs):
+        monkeypatch.setattr(portmap.nft, "recorded", real)
+        plugin.handle(kit.request("ADD", _pm(ra, one), "a", a.path))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(portmap.nft, "recorded", racing)
+    with pytest.raises(CNIError, match=r"host port 10.77.0.1:18080/tcp .*\(testnet a eth0\)"):
+        plugin.handle(kit.request("ADD", _pm(rb, wild), "b", b.path))
+    assert not kit.nft_elements()["hostports4"]
+    plugin.handle(kit.request("CHECK", _pm(ra, one), "a", a.path))

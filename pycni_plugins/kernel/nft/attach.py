@@ -111,9 +111,9 @@ def apply(
     nothing changed; so does an ``absent`` element's key (probed in the same transaction by
     "create, delete": EEXIST when anyone holds it) held by another attachment.
     """
-    if sections:
-        ensure(sections)  # a no-op within VERIFY_EVERY of the last verification
     store = records(state_dir)
+    if sections and ensure(sections):  # one read of the generation while nobody else changed the ruleset
+        reclaim(store)  # the table may have been rebuilt
     loaded = load(store, attachment, owner)
     old = owned(attachment, loaded)
     wanted = list(dict.fromkeys(elements))

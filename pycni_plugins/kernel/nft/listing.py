@@ -13,7 +13,7 @@ from pycni.sdk import Attachment
 from ..state import Records
 from .ownership import Comment, Element, comment, filed, holder, reclaim, records
 from .skeleton import Section, ensure, repair
-from .transport import FAMILIES, TABLE, ElementConflict, NftError, NftNotFound, context, error, memo, run
+from .transport import FAMILIES, TABLE, ElementConflict, NftError, NftNotFound, context, error, memo, run, settled
 
 __all__ = [
     "Found",
@@ -108,12 +108,19 @@ def _listing() -> list[Found]:
 
 def map_elements(family: str, name: str) -> list[Found]:
     """The commented elements of one map of pycni's table. O(its size): no other set is read
-    (for small maps, such as the host-IP-specific host ports)."""
+    (for small maps, such as the host-IP-specific host ports). A map found without any is
+    not listed again while the ruleset changes only by our own transactions that leave it
+    alone (:class:`~.transport.Memo`'s ``bare``)."""
+    shared, at = settled()
+    if (family, name) in shared.bare:
+        return []
     command = {"nftables": [{"list": {"map": {"family": family, "table": TABLE, "name": name}}}]}
     rc, out, _ = context().json_cmd(command)
     found: list[Found] = []
     for obj in (out or {}).get("nftables", ()) if rc == 0 else ():
         found += _commented(family, "map", obj.get("map") or {})
+    if rc == 0 and not found:
+        shared.learned(at, bare=[(family, name)])
     return found
 
 

@@ -26,7 +26,18 @@ import attrs
 from pycni.sdk import Attachment
 
 from ..state import Records
-from .transport import READ_RETRIES, TABLE, VERIFY_EVERY, NftInterrupted, context, error, memo, run
+from .transport import (
+    READ_RETRIES,
+    TABLE,
+    VERIFY_EVERY,
+    NftInterrupted,
+    NftNotFound,
+    context,
+    error,
+    memo,
+    run,
+    settled,
+)
 
 __all__ = [
     "Comment",
@@ -274,7 +285,10 @@ def reclaim(store: Records) -> None:
     token = _epoch(store)
     if token is None or holder(_epoch_element(token)) is not None or _epoch_tokens():
         return
-    run([f"add set inet {TABLE} {EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
+    try:
+        run([f"add set inet {TABLE} {EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
+    except NftNotFound:
+        return  # no inet table yet (only the bridge family's was rebuilt): its creator reclaims
     memo().authoritative.clear()
 
 
@@ -283,14 +297,21 @@ def authoritative(store: Records) -> bool:
     elements" (a repeated DEL) and the O(n) search by comment can be skipped. The first record
     written to a state dir puts a random token both in the dir and in ``set inet pycni epoch``;
     a lost state dir, or a table rebuilt behind our back, breaks the pair."""
-    # Remembered for VERIFY_EVERY per namespace, as ensure() does: every DEL asks for each
-    # owner, and the answer only changes when someone rebuilds the table.
-    shared = memo()
+    # Remembered per namespace while the ruleset changes only by pycni's element transactions
+    # (transport.settled): every DEL asks for each owner, and the kernel's side of the answer
+    # only changes when someone rebuilds the table. The state dir's side (its token: a replaced
+    # dir has another, or none) is read again once VERIFY_EVERY has passed.
+    shared, at = settled()
     now = time.monotonic()
     cached = shared.authoritative.get(store.root)
     if cached is not None and now - cached[0] < VERIFY_EVERY:
-        return cached[1]
+        return cached[2]
     token = _epoch(store)
-    answer = token is not None and holder(_epoch_element(token)) is not None
-    shared.authoritative[store.root] = (now, answer)
+    if token is None:
+        return False
+    if cached is not None and cached[1] == token:
+        answer = cached[2]
+    else:
+        answer = holder(_epoch_element(token)) is not None
+    shared.learned(at, authority=(store.root, (now, token, answer)))
     return answer

@@ -2,10 +2,12 @@
 
 A :class:`Section` (chains, sets, maps and rules that belong together) is created by one
 transaction that starts with ``create chain <sentinel>``; if a concurrent caller created it
-first, the sentinel's EEXIST rolls ours back whole. Before an ADD's transaction, and at most once
-per :data:`~.transport.VERIFY_EVERY` per namespace whichever thread works in it, the sections are
-verified: a table deleted or flushed behind our back (``nft flush ruleset``, a firewall reload)
-is rebuilt, lost rules are put back. CHECK reports such damage precisely.
+first, the sentinel's EEXIST rolls ours back whole. Before an ADD's transaction the sections are
+verified, unless the namespace's ruleset generation shows that nothing but pycni's own element
+transactions happened since they last were, whichever thread verified them (see
+:class:`~.transport.Memo`: one ~0.01 ms read). So a table deleted or flushed behind our back
+(``nft flush ruleset``, a firewall reload) is rebuilt, and lost rules are put back, by the very
+next ADD. CHECK reports such damage precisely.
 
 libnftables reads every set element of the table for any "list" of rules (and for deletes and
 replaces), so the rules are read with a plain netlink dump instead (:mod:`..nfnl`): the kernel
@@ -15,7 +17,6 @@ dumps the chains and rules of table pycni alone, which costs the same whatever t
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,7 +26,7 @@ from pycni.sdk import Attachment
 
 from .. import nfnl
 from .ownership import Comment, Element, holder
-from .transport import READ_RETRIES, TABLE, VERIFY_EVERY, ElementConflict, NftError, memo, run, table
+from .transport import READ_RETRIES, TABLE, ElementConflict, NftError, memo, run, settled, table
 
 __all__ = ["Section", "ensure", "repair", "skeleton_problems", "chains", "check", "reconcile_hint", "hinted"]
 
@@ -61,23 +62,29 @@ class Section:
         return [c for c in self.body if not _RULE.match(c)]
 
 
-def ensure(sections: Iterable[Section], *, force: bool = False) -> None:
+def ensure(sections: Iterable[Section], *, force: bool = False) -> list[str]:
     """Make each section whole: created unless its sentinel chain exists (concurrent creators
-    are fine), its lost rules put back (:func:`repair`).
+    are fine), its lost rules put back (:func:`repair`); returns what was wrong.
 
-    Sections verified in this namespace, by any thread, less than :data:`VERIFY_EVERY` seconds
-    ago are skipped unless ``force``; a verification is one kernel-filtered dump of pycni's
-    chains and rules (no set element is read), so it costs the same whatever the sets hold.
+    Sections verified in this namespace, by any thread, with no change to the ruleset since but
+    pycni's element transactions, are skipped unless ``force`` (:func:`~.transport.settled`); a
+    verification is one kernel-filtered dump of pycni's chains and rules (no set element is
+    read), so it costs the same whatever the sets hold.
     """
-    done = memo().ensured
-    now = time.monotonic()
-    due = [s for s in sections if force or now - done.get((s.family, s.sentinel), -VERIFY_EVERY) >= VERIFY_EVERY]
-    if not due:
-        return
-    repair(due)
-    now = time.monotonic()
-    for s in due:
-        done[(s.family, s.sentinel)] = now
+    sections = list(sections)
+    repaired: list[str] = []
+    for _ in range(2):  # a second look after a repair, so that the repaired sections are known whole
+        shared, at = settled()
+        due = [s for s in sections if force or (s.family, s.sentinel) not in shared.ensured]
+        if not due:
+            break
+        found = repair(due)
+        if not found:
+            shared.learned(at, sections=[(s.family, s.sentinel) for s in due])
+            break
+        repaired += found
+        force = False
+    return repaired
 
 
 def _create(s: Section) -> None:

@@ -4,6 +4,7 @@ the per-namespace memo of what was last verified."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -35,6 +36,10 @@ __all__ = [
     "error",
     "context",
     "memo",
+    "generation",
+    "commits_since",
+    "has_table",
+    "settled",
     "run",
     "run_json",
     "list_table",
@@ -46,8 +51,17 @@ __all__ = [
 #: hooks that read or program another owner's table on purpose).
 TABLE = "pycni"
 FAMILIES = ("inet", "bridge")
-#: Seconds between two verifications of the skeleton (its rules) in one namespace.
+#: Seconds what no ruleset generation tracks (:mod:`..hostfw`'s legacy iptables, sysctls,
+#: uplinks; a state dir's epoch token) is trusted for.
 VERIFY_EVERY = 1.0
+#: Seconds after which an unused namespace's memo is dropped (its namespace may be gone).
+FORGET_AFTER = 60.0
+_GENERATION_MASK = 0xFFFFFFFF  # NFTA_GEN_ID is 32 bits: it wraps
+#: The commands of a transaction that leaves what the memo knows (sections whole, epochs
+#: present) as it was: only additions, and deletions of elements (never of an epoch's: those
+#: go through :func:`run_json`).
+_KEEPS = ("add ", "create ", "insert ", "delete element ")
+_ELEMENT = re.compile(r"(?:add|create|delete) element (\S+) \S+ (\S+) ")
 READ_RETRIES = 5
 
 
@@ -101,12 +115,26 @@ def error(err: str | None) -> NftError:
 
 @attrs.define(eq=False)
 class Memo:
-    """What was last learned about one namespace's table, shared by the threads working in it:
-    sections verified (monotonic time per section), whether each state dir is authoritative, and
-    the last dump of each family's chains and rules with the ruleset generation it shows."""
+    """What was last learned about one namespace's table, shared by the threads working in it.
 
-    ensured: dict[tuple[str, str], float] = attrs.Factory(dict)
-    authoritative: dict[str, tuple[float, bool]] = attrs.Factory(dict)  # by state dir
+    ``ensured`` (the sections found whole), ``bare`` and ``authoritative`` (per state dir: its
+    epoch token and the answer) hold at ruleset generation ``generation``. Every committed transaction
+    increments the generation, so :func:`settled` forgets them as soon as the generation is
+    another one — unless the step was one of our own transactions that only add things or
+    delete elements, after which :func:`run` reads the generation: when it is the memo's plus
+    one, nothing but that transaction happened since the memo's was read, and it removed no
+    rule, chain or epoch, so what was known still holds (``generation`` moves on).
+    Someone else's change (``nft flush ruleset``, a firewall reload) is therefore seen by the
+    next ADD, at the cost of a ~0.01 ms read. Also the last dump of each family's chains and
+    rules with the generation it shows, and the host's own filtering (:mod:`..hostfw`)."""
+
+    generation: int | None = None
+    ensured: set[tuple[str, str]] = attrs.Factory(set)
+    #: (family, set) of sets and maps found without a commented element; a transaction of ours
+    #: with an element command on one drops it (before and after its commit).
+    bare: set[tuple[str, str]] = attrs.Factory(set)
+    #: By state dir: (monotonic time its token was read, the token, the answer).
+    authoritative: dict[str, tuple[float, str, bool]] = attrs.Factory(dict)
     dumps: dict[str, tuple[int, dict[str, list[nfnl.Rule]] | None]] = attrs.Factory(dict)
     #: The host's own forward filtering (:mod:`..hostfw`): nftables by generation; legacy
     #: iptables, br_netfilter's sysctls and the uplinks by the monotonic time they were read at.
@@ -114,10 +142,41 @@ class Memo:
     host_legacy: tuple[float, Any] | None = None
     #: The namespace's cookie (never reused while the machine runs); ``None`` where the kernel has none.
     cookie: int | None = None
+    used: float = attrs.Factory(time.monotonic)
+    lock: threading.Lock = attrs.Factory(threading.Lock)
 
     def stale(self, now: float) -> bool:
-        times = [*self.ensured.values(), *(t for t, _ in self.authoritative.values())]
-        return all(now - t >= VERIFY_EVERY for t in times)
+        return now - self.used >= FORGET_AFTER
+
+    def learned(
+        self,
+        at: int,
+        *,
+        sections: Iterable[tuple[str, str]] = (),
+        authority: tuple[str, tuple[float, str, bool]] | None = None,
+        bare: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        """Keep what was found at generation ``at`` (:func:`settled`'s): ``sections`` whole,
+        ``authority`` = (state dir, (when its token was read, the token, the answer)), ``bare``
+        sets; dropped if the memo moved on since."""
+        with self.lock:
+            if self.generation != at:
+                return
+            self.ensured.update(sections)
+            self.bare.update(bare)
+            if authority is not None:
+                self.authoritative[authority[0]] = authority[1]
+
+    def _touching(self, sets: set[tuple[str, str]]) -> None:
+        with self.lock:
+            self.bare -= sets
+
+    def _committed(self, before: int | None, after: int | None, sets: set[tuple[str, str]]) -> None:
+        with self.lock:
+            self.bare -= sets
+            if before is not None and after is not None and self.generation == before:
+                if after in (before, (before + 1) & _GENERATION_MASK):
+                    self.generation = after
 
 
 _local = threading.local()
@@ -164,6 +223,10 @@ def context() -> Any:
     ctx = _LoggedNftables()
     _local.ctx = (ident, ctx)
     _local.memo = _shared_memo()
+    old = getattr(_local, "probe", None)
+    if old is not None:
+        old.close()
+        _local.probe = None
     return ctx
 
 
@@ -185,14 +248,81 @@ def memo() -> Memo:
     return found
 
 
+def _probe() -> nfnl.Probe:
+    """The calling thread's probe, for the namespace :func:`context` was last called in (call
+    it first: it finds the namespace, which costs a ``stat``)."""
+    probe: nfnl.Probe | None = getattr(_local, "probe", None)
+    if probe is None:
+        probe = _local.probe = nfnl.Probe()
+    return probe
+
+
+def _generation_here() -> int:
+    try:
+        return _probe().generation()
+    except nfnl.NetlinkError as e:
+        raise NftError(f"cannot read the nftables generation: {e.strerror}") from None
+
+
+def generation() -> int:
+    """The calling thread's namespace's ruleset generation (:class:`~..nfnl.Probe`, kept per
+    thread beside its context); :class:`NftError` if the kernel does not answer."""
+    context()
+    return _generation_here()
+
+
+def has_table(family: str, name: str) -> bool:
+    """Whether the calling thread's namespace has ``table <family> <name>`` (any owner's): one
+    netlink lookup, where a libnftables listing fetches its cache first."""
+    context()
+    try:
+        return _probe().has_table(family, name)
+    except nfnl.NetlinkError as e:
+        raise NftError(f"cannot look up table {family} {name}: {e.strerror}") from None
+
+
+def commits_since(before: int) -> int:
+    """How many transactions were committed in the calling thread's namespace, by anyone,
+    since :func:`generation` said ``before``."""
+    return (generation() - before) & _GENERATION_MASK
+
+
+def settled() -> tuple[Memo, int]:
+    """The calling thread's namespace's memo, rid of what the ruleset changed since it was
+    learned (see :class:`Memo`), and the generation that holds at: pass it to
+    :meth:`Memo.learned` with what is then found."""
+    shared = memo()
+    now = _generation_here()
+    with shared.lock:
+        shared.used = time.monotonic()
+        if shared.generation != now:
+            shared.generation = now
+            shared.ensured.clear()
+            shared.bare.clear()
+            shared.authoritative.clear()
+    return shared, now
+
+
 def run(commands: Iterable[str]) -> None:
-    """Apply ``commands`` as one transaction; :class:`NftError` (nothing applied) on failure."""
-    text = "\n".join(commands)
-    if not text:
+    """Apply ``commands`` as one transaction; :class:`NftError` (nothing applied) on failure.
+
+    After a transaction of additions and element deletions only, the generation is read, so
+    the memo keeps what it knows across it when nothing else happened (:class:`Memo`)."""
+    lines = list(commands)
+    if not lines:
         return
-    rc, _, err = context().cmd(text)
+    ctx = context()
+    shared: Memo = _local.memo
+    sets = {(m.group(1), m.group(2)) for m in map(_ELEMENT.match, lines) if m}
+    shared._touching(sets)
+    # The memo's generation was read before this commit, so one step from it to the read after
+    # is this commit and nothing else (a read right before the commit would narrow the window
+    # for other processes' commits, at one more read per transaction).
+    before = shared.generation if all(c.startswith(_KEEPS) for c in lines) else None
+    rc, _, err = ctx.cmd("\n".join(lines))
     if rc != 0:
         raise error(err)
+    shared._committed(before, _generation_here() if before is not None else None, sets)
 
 
 def run_json(commands: Sequence[Mapping[str, Any]]) -> None:
