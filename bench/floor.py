@@ -8,16 +8,22 @@ nftables elements in pycni's table (masquerade, firewall, host port, hairpin). T
 exactly those:
 
 * ADD: one ``RTM_NEWLINK`` from the host (the veth, its peer created in the container
-  namespace, the host end enslaved and UP, both MACs given); in the container, one socket
-  (opened with the calling thread in the container's namespace, the way the runtime enters the
-  host's) and four requests: ``lo`` UP, the address, ``eth0`` UP, the default route; one
-  libnftables transaction adding the four elements, with the comments pycni gives them.
+  namespace, the host end enslaved and UP, both MACs given); in the container, ``eth0``'s two
+  settings the chain leaves (as Go's bridge plugin does): ``accept_dad=0`` written to
+  ``/proc/sys`` (IPv6 settings have no netlink setter) and ``arp_notify=1`` in one netlink send
+  (``IFLA_INET_CONF``, as pycni sends it); one socket (opened with the calling thread in the
+  container's namespace, the way the runtime enters the host's) and four requests: ``lo`` UP,
+  the address, ``eth0`` UP, the default route; one libnftables transaction adding the four
+  elements, with the comments pycni gives them. ``arp_notify=1`` makes ``eth0`` UP send a
+  gratuitous ARP, which the bridge floods to every port within that request: at N=1000 most of
+  a container's link-up time (docs/scale-and-dataplane.md, "The container's link-up at N"), so a
+  floor without it would not compare the same end state.
 * DEL: one transaction deleting the elements, one ``RTM_DELLINK`` of the host end (the
   container end goes with it), acknowledged.
 
 Everything else the chain does is not the kernel objects' cost and is left out: no IPAM (the
 address is the one host-local hands out), no state records or results cache, no reads, no
-sysctls (the cell's one-time ``ip_forward`` is set up front). The bridge, its gateway address
+sysctls but ``eth0``'s (the cell's one-time ``ip_forward`` is set up front). The bridge, its gateway address
 and pycni's nftables skeleton are shared by all containers; they are made before the timed
 calls by one in-process ADD and DEL of the chain for a throwaway container (so the tables,
 sets and chains are pycni's own, byte for byte).
@@ -28,13 +34,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from pathlib import Path
 
 import nftables
 from pyroute2 import IPRoute
 
 from pycni import netns
 from pycni.sdk import Attachment
-from pycni_plugins.kernel import layout
+from pycni_plugins.kernel import batch, layout
 from pycni_plugins.kernel.nft.ownership import comment
 
 from .drivers import (
@@ -126,6 +133,13 @@ class FloorDriver:
             with netns.entered(fd):
                 ctr = IPRoute()
                 eth0 = socket.if_nametoindex("eth0")  # an ioctl, not a netlink request
+                # eth0's two settings the chain leaves (see the module docstring): IPv6's has no
+                # netlink setter; arp_notify goes before eth0 UP, whose gratuitous ARP it asks for
+                Path("/proc/sys/net/ipv6/conf/eth0/accept_dad").write_text("0")
+                settings = batch.Requests()
+                settings.link_set(eth0, inet_conf={"arp_notify": 1})
+                (answer,) = settings.send()
+                answer.check()
         finally:
             os.close(fd)
         net = subnet(network_of(i))

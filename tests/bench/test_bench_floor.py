@@ -103,3 +103,34 @@ def test_the_floor_spreads_containers_over_the_chains_bridges_as_its_cells_do(mo
     finally:
         session.close()
     assert not namespaces_with_prefix(session.prefix)
+
+
+def _eth0_settings() -> tuple[str, str]:
+    return (
+        Path("/proc/sys/net/ipv4/conf/eth0/arp_notify").read_text().strip(),
+        Path("/proc/sys/net/ipv6/conf/eth0/accept_dad").read_text().strip(),
+    )
+
+
+def test_the_floors_container_ends_with_the_chains_arp_notify_and_accept_dad() -> None:
+    """arp_notify=1 makes eth0 UP send a gratuitous ARP the bridge floods to every port (most
+    of the container's link-up time at N=1000): the floor must pay it as the chain does."""
+    from bench import drivers, floor
+    from bench.session import Session
+    from pycni import netns
+
+    session = Session()
+    try:
+        with session.cell("floor-settings", 2) as cell:
+            driver = floor.FloorDriver(cell)
+            driver.add(0)
+            chain = drivers.RuntimeDriver(cell, path=[], backend="inprocess")
+            chain.add(1)
+            assert netns.run_in(cell.containers[1], _eth0_settings) == ("1", "0")
+            assert netns.run_in(cell.containers[0], _eth0_settings) == ("1", "0")
+            chain.delete(1)
+            driver.delete(0)
+            driver.close()
+    finally:
+        session.close()
+    assert not namespaces_with_prefix(session.prefix)
