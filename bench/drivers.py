@@ -297,6 +297,13 @@ class RuntimeDriver:
 
         return str(convert(cast("AnyResult", result), "1.1.0").ips[0].address.ip)  # what add returned
 
+    def close(self) -> None:
+        """Close the directory fds pycni keeps per process (:class:`pycni._fs.KeptDirs`, at most
+        32): they are a cache of this cell's state dirs, which go with the cell."""
+        from pycni._fs import kept_dirs
+
+        kept_dirs.clear()
+
 
 class NetavarkDriver:
     """``netavark setup|teardown <netns>`` with JSON network options on stdin, exec'd from a

@@ -113,10 +113,10 @@ class FloorDriver:
             # container i of this cell is on network i // PORTS_PER_BRIDGE: the first of each is ours
             last = (self._networks - 1) * PORTS_PER_BRIDGE
             prep = Cell(self.cell.label, self.cell.host, (ns.path,) * (last + 1), self.cell.dir, self.cell.cache_dir)
-            runtime = RuntimeDriver(prep, path=[], backend="inprocess")
+            self._prep = RuntimeDriver(prep, path=[], backend="inprocess")
             for k in range(self._networks):
-                runtime.add(k * PORTS_PER_BRIDGE)
-                runtime.delete(k * PORTS_PER_BRIDGE)
+                self._prep.add(k * PORTS_PER_BRIDGE)
+                self._prep.delete(k * PORTS_PER_BRIDGE)
 
     def add(self, i: int) -> object:
         fd = os.open(self.cell.containers[i], os.O_RDONLY | os.O_CLOEXEC)
@@ -179,3 +179,4 @@ class FloorDriver:
         """Close the kept sockets (the cell's ``latency_cell`` calls this before counting fds)."""
         self.ipr.close()
         del self.nft  # libnftables frees its context, and closes its socket, with the object
+        self._prep.close()  # the directory fds kept by the chain that made the shared objects

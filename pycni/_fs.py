@@ -210,6 +210,13 @@ class KeptDirs:
                 self._drop(next(iter(self._kept)))
         return entry
 
+    def clear(self) -> None:
+        """Forget every entry, closing each fd now or when its last user is done: for a process
+        done with its state dirs (the bench closes them after a cell, before it counts fds)."""
+        with self._lock:
+            for chain in list(self._kept):
+                self._drop(chain)
+
     def _drop(self, chain: tuple[str, ...]) -> None:
         """Forget the entry (the caller holds the lock); closed now unless in use."""
         entry = self._kept.pop(chain, None)

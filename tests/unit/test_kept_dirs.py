@@ -162,6 +162,21 @@ def test_at_most_limit_directories_stay_open_and_none_is_closed_while_in_use(tmp
     assert _open_fds() == before + 2
 
 
+def test_clear_closes_every_kept_directory_and_one_in_use_when_its_user_is_done(tmp_path: Path) -> None:
+    kept = _fs.KeptDirs()
+    dirs = [tmp_path / f"d{i}" for i in range(3)]
+    before = _open_fds()
+    for d in dirs:
+        d.mkdir(mode=0o700)
+        with kept.use((str(d),), lambda d=d: (os.open(d, os.O_RDONLY | os.O_DIRECTORY),)):
+            pass
+    assert _open_fds() == before + 3
+    with kept.use((str(dirs[0]),), lambda: (os.open(dirs[0], os.O_RDONLY | os.O_DIRECTORY),)) as fd:
+        kept.clear()
+        assert _open_fds() == before + 1 and os.fstat(fd).st_ino == dirs[0].stat().st_ino
+    assert _open_fds() == before
+
+
 def test_threads_storing_and_listing_while_the_state_dir_is_removed_lose_nothing_after_it(root: Path) -> None:
     records = Records("kind", str(root))
     records.store("seed", {})
