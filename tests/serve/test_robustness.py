@@ -309,8 +309,9 @@ def test_a_type_that_is_not_a_plugin_type_is_left_to_the_shim_and_logged_escaped
     """A type with a newline cannot forge a log line, one of 256 KiB is not even read: both are
     refused before any lookup, each with one log line."""
     forged = b"bridge\n2026-12-04T00:00:00.000Z pycni serve: bridge ADD forged ok 1.0ms"
-    for kind in (forged, b"b" * (256 << 10), b"../../bin/sh"):
+    for sent, kind in enumerate((forged, b"b" * (256 << 10), b"../../bin/sh"), 1):
         assert _raw_request(daemon.socket, host_ns.path, kind)[:1] == b"F"
+        daemon.requests(sent)  # logged just after the answer: the next request must not overtake it
     lines = daemon.requests(3)
     assert [line.split(" ", 3)[3].rsplit(" ", 1)[0] for line in lines] == [
         "fallback ('bridge\\n2026-12-04T00:00:00.000Z pycni serve: bridge ADD forged ok 1.0ms' is not a plugin type)",
