@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from pycni import netns
 from tests.conftest import REFERENCE_PLUGIN_DIR
 
 pytestmark = pytest.mark.privileged
@@ -102,7 +104,19 @@ def test_a_run_stopped_by_a_signal_leaves_nothing_behind(workdir, tmp_path, sign
     from pycni_plugins.install import install
 
     (plugin,) = install(str(tmp_path / "bin"), ["loopback"])
-    argv = [sys.executable, "-m", "pycni.cli", "fuzz", plugin, "--examples", "100000", "--seed", "1"]
+    argv = [
+        sys.executable,
+        "-X",
+        "faulthandler",
+        "-m",
+        "pycni.cli",
+        "fuzz",
+        plugin,
+        "--examples",
+        "100000",
+        "--seed",
+        "1",
+    ]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
         try:
             deadline = time.monotonic() + 60
@@ -110,11 +124,20 @@ def test_a_run_stopped_by_a_signal_leaves_nothing_behind(workdir, tmp_path, sign
                 assert child.poll() is None and time.monotonic() < deadline, child.communicate()
                 time.sleep(0.005)
             child.send_signal(signum)
-            _, stderr = child.communicate(timeout=60)
+            try:
+                _, stderr = child.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack
+                pytest.fail(f"still running 60 s after {signum.name}:\n{child.communicate(timeout=30)[1][-8000:]}")
         finally:
             if child.poll() is None:
                 child.kill()
                 child.wait()
+            for name in _of(child.pid):  # what a killed run could not remove
+                if os.path.exists(f"/run/netns/{name}"):
+                    netns.remove(name)
+                else:
+                    shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
     assert "Traceback" not in stderr, stderr[-3000:]
     assert not _of(child.pid), _of(child.pid)
     if signum == signal.SIGINT:
