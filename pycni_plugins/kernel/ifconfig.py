@@ -146,7 +146,7 @@ def _has_route_to(ipr: links.IPRoute, dst: ipaddress.IPv4Network | ipaddress.IPv
     return False
 
 
-RTN_UNICAST, FR_ACT_TO_TBL = 1, 1
+FR_ACT_TO_TBL = 1
 
 
 def _rule_tables(ipr: links.IPRoute, family: int) -> set[int]:
@@ -161,13 +161,17 @@ def default_route_indexes(ipr: links.IPRoute, versions: Iterable[int] = (4, 6)) 
     kernel's order, so the first index is the device Go's ``GetDefaultRouteInterfaceName``
     would name."""
     found: list[tuple[int, int, int]] = []
-    for rank, family in enumerate((socket.AF_INET, socket.AF_INET6)):
-        if (4 if family == socket.AF_INET else 6) not in versions:
-            continue
+    families = [f for f in (socket.AF_INET, socket.AF_INET6) if (4 if f == socket.AF_INET else 6) in versions]
+    # Dumped in the calling thread's namespace, ``ipr``'s (every caller opened it there), with
+    # only the default routes decoded: the others grow with the links (a veth's link-local routes).
+    for family in families:
+        rank = 0 if family == socket.AF_INET else 1
         tables = _rule_tables(ipr, family)
-        for msg in links.call(ipr.route, "dump", family=family):
+        requests = batch.Requests()  # one dump per send: a socket runs one dump at a time (EBUSY)
+        position = requests.route_dump(family, defaults_only=True)
+        for msg in requests.send()[position].check():
             table = msg.get("table")
-            if msg["dst_len"] != 0 or msg["type"] != RTN_UNICAST or table not in tables:
+            if table not in tables:
                 continue
             oifs = [msg.get("oif")] + [hop["oif"] for hop in msg.get("multipath") or ()]
             where = (rank, 0 if table == routing.RT_TABLE_MAIN else 1)

@@ -141,6 +141,46 @@ def test_route_oif_names_the_link_the_kernel_picks_and_none_when_unreachable(mak
     assert local == links.LOOPBACK_INDEX and unreachable is None
 
 
+def test_default_routes_are_found_among_many_others_decoding_only_them(make_netns, monkeypatch) -> None:
+    """A host's routes grow with its links (each veth's link-local ones); finding its uplinks
+    decodes only the default routes, whatever else the tables hold."""
+    from pycni_plugins.kernel import ifconfig
+
+    ns = make_netns("c")
+    decoded: list[int] = []
+    parse = MarshalRtnl.parse
+
+    def counted(self: MarshalRtnl, data: bytes, *args: Any, **kwargs: Any) -> Any:
+        messages = list(parse(self, data, *args, **kwargs))
+        decoded.append(len(messages))
+        return messages
+
+    monkeypatch.setattr(MarshalRtnl, "parse", counted)
+
+    def body() -> tuple[list[int], list[int], int]:
+        with links.iproute() as ipr:
+            links.add_link(ipr, "up0", "veth", peer="up1")
+            links.add_link(ipr, "many0", "veth", peer="many1")
+            up, many = links.ifindex("up0"), links.ifindex("many0")
+            assert up is not None and many is not None
+            links.set_up(ipr, up)
+            links.set_up(ipr, many)
+            addressing.add_address(ipr, up, ipaddress.ip_interface("198.18.0.2/24"))
+            for chunk in range(6):  # 50 answers at a time fit the socket's receive buffer
+                requests = batch.Requests()
+                for i in range(chunk * 50, chunk * 50 + 50):
+                    requests.route_append(many, ipaddress.ip_network(f"198.19.{i // 250}.{i % 250}/32"), None)
+                assert all(a.error is None for a in requests.send())
+            routing.add_route(ipr, up, ipaddress.ip_network("0.0.0.0/0"), "198.18.0.1")
+            decoded.clear()
+            found = ifconfig.default_route_indexes(ipr)
+            return found, [up], sum(decoded)
+
+    found, expected, parsed = netns.run_in(ns.path, body)
+    assert found == expected
+    assert parsed < 20, parsed  # the default route and the routing rules, not the 300 others
+
+
 @pytest.mark.parametrize(("mtu", "master", "peer_mac"), [(0, None, None), (1400, 3, "02:00:00:00:00:02")])
 def test_a_veth_is_the_message_pyroute2s_api_sends(host, mtu, master, peer_mac) -> None:
     peer = {"ifname": "eth0", "net_ns_fd": 9, **({"address": peer_mac} if peer_mac else {})}
