@@ -117,7 +117,14 @@ def test_a_run_stopped_by_a_signal_leaves_nothing_behind(workdir, tmp_path, sign
         "--seed",
         "1",
     ]
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+    # A shell starts background jobs with SIGINT ignored, and an ignored signal stays ignored
+    # across exec: the child gets SIGINT at its default, as a terminal's foreground job has it.
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+    with child:
         try:
             deadline = time.monotonic() + 60
             while not _of(child.pid):  # an example is running: its namespaces exist
