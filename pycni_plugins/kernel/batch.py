@@ -8,8 +8,11 @@ thread another ~0.4 ms; building the message costs ~0.02 ms. The kernel handles 
 one send in order, each on its own: a failed request does not stop the next ones, so a caller
 sends together only requests whose later members are harmless after an earlier failure (its
 undo removes what they did), and reads the answers in order. Acknowledgements come without the
-request echoed back (``NETLINK_CAP_ACK``) and are read from their header and error code; only
-what a get or a dump returns is decoded by pyroute2.
+request echoed back (``NETLINK_CAP_ACK``) and are read from their header and error code; what a
+get or a dump returns is kept as bytes, decoded by pyroute2 when a caller asks for
+:attr:`Answer.messages`. A caller that reads a few fields of a big answer reads them from the
+bytes instead (:func:`attributes`): pyroute2 decodes an RTM_NEWLINK's ~40 attributes into ~45
+objects (~0.17 ms) however few are read.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 from . import changes
 from .errors import LinkError
 
-__all__ = ["Answer", "Requests", "IFF_UP"]
+__all__ = ["Answer", "Requests", "IFF_UP", "attributes"]
 
 IFF_UP = 0x1
 # linux/netlink.h: NLM_F_CREATE | NLM_F_EXCL (ip addr add) and NLM_F_CREATE | NLM_F_APPEND (ip route append)
@@ -90,10 +93,16 @@ _INET_CONF_NAMES = frozenset(ifinfmsg.af_spec_inet.inet.field_names[1:])
 @attrs.frozen
 class Answer:
     """The kernel's answer to one request: its error (``None``: done) and, for a get or a dump,
-    the messages (pyroute2's decoded ones)."""
+    the messages, each as the kernel's bytes (``raw``) or decoded by pyroute2 (:attr:`messages`)."""
 
     error: LinkError | None
-    messages: tuple[Any, ...] = ()
+    raw: tuple[bytes, ...] = ()
+
+    @property
+    def messages(self) -> tuple[Any, ...]:
+        """The messages decoded by pyroute2 (anew on each use)."""
+        marshal = MarshalRtnl()
+        return tuple(msg for data in self.raw for msg in marshal.parse(data))
 
     def check(self) -> tuple[Any, ...]:
         """The messages, or the error raised."""
@@ -279,10 +288,8 @@ class Requests:
 
     def _answers(self, sock: socket.socket) -> list[Answer]:
         """Every request's answer. An acknowledgement (most answers) is read from its header and
-        error code alone; only the messages a get or a dump returns go through pyroute2's
-        decoding, one by one."""
-        marshal = MarshalRtnl()
-        messages: dict[int, list[Any]] = {}
+        error code alone; the messages a get or a dump returns are kept as they came."""
+        messages: dict[int, list[bytes]] = {}
         errors: dict[int, LinkError] = {}
         pending = set(range(1, len(self._data) + 1))
         while pending:
@@ -299,7 +306,7 @@ class Requests:
                             errors[seq] = LinkError(code, os.strerror(code))
                         pending.discard(seq)
                     elif seq not in self._defaults_only or _is_default(data, offset):
-                        messages.setdefault(seq, []).extend(marshal.parse(data[offset : offset + length]))
+                        messages.setdefault(seq, []).append(data[offset : offset + length])
                         if seq not in self._dumps:
                             pending.discard(seq)  # a get's one answer (its acknowledgement, next, is not awaited)
                 offset += (length + 3) & ~3
@@ -312,3 +319,25 @@ def _is_default(data: bytes, offset: int) -> bool:
     rtm_type, ...) right after the netlink header."""
     start = offset + _HEADER.size
     return data[start + 1] == 0 and data[start + 7] == RTN_UNICAST
+
+
+_ATTRIBUTE = struct.Struct("=HH")  # struct nlattr: length (with itself), type
+# linux/netlink.h: the flags an attribute's type may carry (pyroute2 drops them too)
+_NLA_TYPE_MASK = ~((1 << 15) | (1 << 14)) & 0xFFFF
+
+
+def attributes(data: bytes | memoryview, start: int, end: int | None = None) -> dict[int, memoryview]:
+    """The netlink attributes (struct nlattr, each padded to 4 bytes) from ``start`` to ``end``
+    (default: the end of ``data``): each type's first one's payload, by type. The payload of a
+    nested attribute holds its own attributes (``attributes(payload, 0)``)."""
+    view = memoryview(data)
+    end = len(data) if end is None else end
+    found: dict[int, memoryview] = {}
+    offset = start
+    while offset + _ATTRIBUTE.size <= end:
+        length, kind = _ATTRIBUTE.unpack_from(data, offset)
+        if length < _ATTRIBUTE.size or offset + length > end:
+            break
+        found.setdefault(kind & _NLA_TYPE_MASK, view[offset + _ATTRIBUTE.size : offset + length])
+        offset += (length + 3) & ~3
+    return found

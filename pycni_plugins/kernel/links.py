@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 import attrs
 from pyroute2 import IPRoute, NetlinkError
 from pyroute2.netlink import nlmsg_atoms
-from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg, macvx_data, state_by_code
 
 from pycni import netns
 
@@ -221,7 +221,7 @@ class Link:
     peer_index: int
     operstate: str
     txqlen: int = 0
-    #: IFLA_LINK_NETNSID: the id, in this link's namespace, of the one ``peer_index`` is in
+    #: _IFLA_LINK_NETNSID: the id, in this link's namespace, of the one ``peer_index`` is in
     #: (``None``: the same namespace as this link).
     peer_netnsid: int | None = None
 
@@ -263,6 +263,55 @@ def _link(msg: Any) -> Link:
     )
 
 
+# linux/if_link.h: the attributes a Link reads (pyroute2's ifinfmsg.nla_map, by number)
+_IFLA = {name: number for number, (name, *_) in enumerate(ifinfmsg.nla_map)}
+_IFLA_ADDRESS, _IFLA_IFNAME, _IFLA_MTU, _IFLA_LINK = (_IFLA[f"IFLA_{n}"] for n in ("ADDRESS", "IFNAME", "MTU", "LINK"))
+_IFLA_MASTER, _IFLA_TXQLEN, _IFLA_OPERSTATE = (_IFLA[f"IFLA_{n}"] for n in ("MASTER", "TXQLEN", "OPERSTATE"))
+_IFLA_LINKINFO, _IFLA_LINK_NETNSID = _IFLA["IFLA_LINKINFO"], _IFLA["IFLA_LINK_NETNSID"]
+_IFLA_INFO_KIND = [name for name, *_ in ifinfmsg.ifinfo.nla_map].index("IFLA_INFO_KIND")
+_IFINFOMSG = struct.Struct("=BxHiII")  # struct ifinfomsg: family, type, index, flags, change
+_NLMSGHDR_SIZE = 16
+_U32, _S32 = struct.Struct("=I"), struct.Struct("=i")
+
+
+def _text(payload: memoryview) -> str:
+    """A string attribute as pyroute2's ``asciiz`` reads it (link names and kinds are UTF-8)."""
+    return bytes(payload).strip(b"\0").decode("utf-8", "replace")
+
+
+def _link_of(data: bytes) -> Link:
+    """The :class:`Link` of one RTM_NEWLINK message (its bytes, header included), reading only
+    the attributes a :class:`Link` holds: what :func:`_link` makes of pyroute2's decoding of
+    the same message (a test compares them), without decoding the other ~35 attributes."""
+    _, _, index, flags, _ = _IFINFOMSG.unpack_from(data, _NLMSGHDR_SIZE)
+    found = batch.attributes(data, _NLMSGHDR_SIZE + _IFINFOMSG.size)
+
+    def u32(kind: int) -> int:
+        payload = found.get(kind)
+        return int(_U32.unpack_from(payload)[0]) if payload is not None else 0
+
+    mac = found.get(_IFLA_ADDRESS)
+    info = found.get(_IFLA_LINKINFO)
+    kind = batch.attributes(info, 0).get(_IFLA_INFO_KIND) if info is not None else None
+    operstate = found.get(_IFLA_OPERSTATE)
+    netnsid = found.get(_IFLA_LINK_NETNSID)
+    name = found.get(_IFLA_IFNAME)
+    return Link(
+        index=index,
+        name=_text(name) if name is not None else "",
+        # pyroute2's l2addr: the first 6 bytes (every link read here is an Ethernet one)
+        mac=":".join(f"{b:02x}" for b in mac[:6]) if mac is not None else "",
+        kind=_text(kind) if kind is not None else "",
+        flags=flags,
+        mtu=u32(_IFLA_MTU),
+        master=u32(_IFLA_MASTER),
+        peer_index=u32(_IFLA_LINK),
+        operstate=state_by_code[operstate[0]] if operstate is not None else "UNKNOWN",
+        txqlen=u32(_IFLA_TXQLEN),
+        peer_netnsid=_S32.unpack_from(netnsid)[0] if netnsid is not None else None,
+    )
+
+
 def _get(ipr: IPRoute, name: str | None, index: int | None) -> Any | None:
     """The RTM_GETLINK answer for a name or index, ``None`` if there is no such link."""
     try:
@@ -282,7 +331,8 @@ def get_link(ipr: IPRoute, name: str | None = None, *, index: int | None = None)
 
 def fetch_link(name: str | None = None, *, index: int | None = None) -> Link | None:
     """:func:`get_link` in the calling thread's namespace through :mod:`.batch`, for the hot
-    path: ~0.2 ms where a request through ``IPRoute`` costs ~0.35 ms."""
+    path: ~0.05 ms, the answer read without pyroute2's decoding, where a request through
+    ``IPRoute`` costs ~0.35 ms."""
     requests = batch.Requests()
     requests.link_get(index or 0, name if index is None else None)
     answer = requests.send()[0]
@@ -290,7 +340,7 @@ def fetch_link(name: str | None = None, *, index: int | None = None) -> Link | N
         if answer.error.errno == errno.ENODEV:
             return None
         raise answer.error
-    return _link(answer.messages[0]) if answer.messages else None
+    return _link_of(answer.raw[0]) if answer.raw else None
 
 
 @attrs.frozen

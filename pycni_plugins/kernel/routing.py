@@ -8,7 +8,10 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
+import struct
 from typing import Any
+
+from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from . import batch
 from .errors import LinkError
@@ -32,6 +35,8 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 # linux/rtnetlink.h
 RT_TABLE_MAIN, RTPROT_BOOT = 254, 3
 RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_HOST, RT_SCOPE_NOWHERE = 0, 253, 254, 255
+_RTA_OIF = [name for name, *_ in rtmsg.nla_map].index("RTA_OIF")
+_ATTRS_START = 16 + 12  # struct nlmsghdr, struct rtmsg
 
 
 def add_route(
@@ -132,7 +137,9 @@ def route_oif(dst: str) -> int | None:
         if answer.error.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
             return None
         raise answer.error
-    return (answer.messages[0].get("oif") or None) if answer.messages else None
+    # RTA_OIF read from the answer's bytes: pyroute2 would decode its ~10 attributes for it
+    oif = batch.attributes(answer.raw[0], _ATTRS_START).get(_RTA_OIF) if answer.raw else None
+    return (struct.unpack_from("=I", oif)[0] or None) if oif is not None else None
 
 
 def has_route(ipr: IPRoute, index: int, dst: IPNetwork, gateway: str | None) -> bool:

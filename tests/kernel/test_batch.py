@@ -133,6 +133,64 @@ def test_fetch_link_reads_a_link_by_name_or_index_and_none_when_missing(make_net
     assert by_name == via_ipr and by_index == via_ipr and missing is None
 
 
+def test_a_link_read_from_its_answers_bytes_is_what_pyroute2_decodes_of_it(make_netns) -> None:
+    """fetch_link reads a few attributes of the RTM_NEWLINK answer's bytes: for every kind of
+    link an ADD reads (and lo), the Link is the one pyroute2's full decoding gives."""
+    ns, peer_ns = make_netns("c"), make_netns("p")
+
+    def body() -> list[tuple[links.Link, links.Link]]:
+        with links.iproute() as ipr, open(peer_ns.path) as peer:
+            links.ensure_bridge(ipr, "br0", mac=lambda: MAC)
+            br = links.ifindex("br0")
+            links.add_veth(
+                "va", "02:00:00:00:00:0a", peer_name="vb", peer_netns_fd=peer.fileno(), peer_mac=None, mtu=0, master=br
+            )
+            links.add_link(ipr, "vx", "veth", peer="vy")  # both ends here, down: LOWERLAYERDOWN, no netnsid
+            links.add_link(ipr, "d0", "veth", peer="d1", mtu=1300, txqlen=7, up=True, address="02:00:00:00:00:0d")
+        pairs = []
+        for name in ("lo", "br0", "va", "vx", "vy", "d0"):
+            requests = batch.Requests()
+            requests.link_get(name=name)
+            answer = requests.send()[0]
+            assert len(answer.raw) == 1
+            pairs.append((links._link_of(answer.raw[0]), links._link(answer.messages[0])))
+        return pairs
+
+    pairs = netns.run_in(ns.path, body)
+    assert [mine for mine, _ in pairs] == [theirs for _, theirs in pairs]
+    lo, br, va, vx, vy, d0 = (mine for mine, _ in pairs)
+    # what is read is really there: none of it is a default the two decodings would share
+    assert (br.kind, br.mac) == ("bridge", MAC)
+    assert (va.kind, va.master) == ("veth", br.index)
+    assert va.peer_netnsid is not None and va.peer_index and va.operstate in ("UP", "LOWERLAYERDOWN")
+    assert vx.peer_index == vy.index and vx.peer_netnsid is None and vx.operstate == "DOWN"
+    assert (d0.kind, d0.mtu, d0.txqlen, d0.mac, d0.up) == ("veth", 1300, 7, "02:00:00:00:00:0d", True)
+    assert lo.name == "lo" and lo.index == links.LOOPBACK_INDEX and lo.operstate == "UNKNOWN"
+
+
+def test_route_oif_read_from_the_answers_bytes_is_what_pyroute2_decodes(make_netns) -> None:
+    ns = make_netns("c")
+
+    def body() -> list[tuple[int | None, Any]]:
+        with links.iproute() as ipr:
+            links.add_link(ipr, "r0", "veth", peer="r1", up=True)
+            index, peer = links.ifindex("r0"), links.ifindex("r1")
+            assert index is not None and peer is not None
+            links.set_up(ipr, peer)
+            addressing.add_address(ipr, index, ipaddress.ip_interface("198.18.5.1/24"))
+        found = []
+        for dst in ("198.18.5.7", "127.0.0.9"):
+            requests = batch.Requests()
+            requests.route_get(ipaddress.ip_address(dst))
+            answer = requests.send()[0]
+            found.append((routing.route_oif(dst), answer.messages[0].get("oif")))
+        return found
+
+    found = netns.run_in(ns.path, body)
+    assert [mine for mine, _ in found] == [theirs for _, theirs in found]
+    assert found[1][0] == links.LOOPBACK_INDEX and found[0][0] not in (None, links.LOOPBACK_INDEX)
+
+
 def test_route_oif_names_the_link_the_kernel_picks_and_none_when_unreachable(make_netns) -> None:
     ns = make_netns("c")
     local, unreachable = netns.run_in(
