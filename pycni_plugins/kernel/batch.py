@@ -13,6 +13,12 @@ get or a dump returns is kept as bytes, decoded by pyroute2 when a caller asks f
 :attr:`Answer.messages`. A caller that reads a few fields of a big answer reads them from the
 bytes instead (:func:`attributes`): pyroute2 decodes an RTM_NEWLINK's ~40 attributes into ~45
 objects (~0.17 ms) however few are read.
+
+pyroute2 encodes a request in ~0.03-0.2 ms, and most of an ADD's requests are the same bytes as
+the previous ADD's (``lo`` up, the bridge looked up by name, the container's ``eth0`` settings
+and default route): a request is encoded by pyroute2 the first time its content is seen, and
+its bytes reused, with their own sequence number, while it is among the last
+:data:`_ENCODED_KEPT` distinct ones.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import errno
 import os
 import socket
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from logging import DEBUG
 from typing import Any
@@ -56,6 +64,12 @@ _RECV = 1 << 16
 SOL_NETLINK, NETLINK_CAP_ACK = 270, 10
 _HEADER = struct.Struct("=IHHII")  # struct nlmsghdr: length, type, flags, sequence, port id
 _ERROR = struct.Struct("=i")  # struct nlmsgerr's error, right after the header (NLMSG_DONE's too)
+_SEQUENCE = struct.Struct("=I")
+_SEQUENCE_OFFSET = 8  # in struct nlmsghdr
+#: How many distinct requests' bytes are kept (the least recently sent go first).
+_ENCODED_KEPT = 64
+_encoded: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
+_encoded_lock = threading.Lock()
 #: The requests that change something, as the debug log names them (:mod:`.changes`).
 _CHANGES = {RTM_NEWLINK: "link set", RTM_DELLINK: "link del", RTM_NEWADDR: "addr add", RTM_NEWROUTE: "route append"}
 
@@ -135,12 +149,28 @@ class Requests:
         self._logged: list[tuple[int, str, list[str]]] = []
 
     def _add(self, msg: Any, kind: int, flags: int, attributes: list[tuple[str, Any]]) -> int:
+        sequence = len(self._data) + 1
+        # The whole content: the class (how it encodes), header, fields and attributes, read
+        # before pyroute2's encoding adds its own keys to the nested ones.
+        key = (type(msg), kind, flags, tuple(msg[name] for name, *_ in msg.fields), repr(attributes))
         msg["attrs"] = attributes
-        msg["header"]["type"] = kind
-        msg["header"]["flags"] = NLM_F_REQUEST | flags
-        msg["header"]["sequence_number"] = len(self._data) + 1
-        msg.encode()
-        self._data.append(msg.data)
+        with _encoded_lock:
+            data = _encoded.get(key)
+            if data is not None:
+                _encoded.move_to_end(key)
+        if data is None:
+            msg["header"]["type"] = kind
+            msg["header"]["flags"] = NLM_F_REQUEST | flags
+            msg["header"]["sequence_number"] = 0
+            msg.encode()
+            data = bytes(msg.data)
+            with _encoded_lock:
+                _encoded[key] = data
+                if len(_encoded) > _ENCODED_KEPT:
+                    _encoded.popitem(last=False)
+        numbered = bytearray(data)
+        _SEQUENCE.pack_into(numbered, _SEQUENCE_OFFSET, sequence)
+        self._data.append(bytes(numbered))
         if (flags & NLM_F_DUMP) == NLM_F_DUMP:
             self._dumps.add(len(self._data))
         if kind in _CHANGES and changes.log.isEnabledFor(DEBUG):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +91,42 @@ def test_a_request_is_the_message_pyroute2s_api_sends(host, mine, theirs) -> Non
         assert _decoded(b"".join(requests._data)) == _decoded(bytes(compiler.batch))
     finally:
         compiler.close()
+
+
+def test_a_request_built_again_is_reused_bytes_identical_to_a_fresh_encoding(monkeypatch) -> None:
+    """The second time a request's content is seen, pyroute2 does not encode it again: its
+    bytes are the first encoding's, with the request's own sequence number."""
+
+    def build() -> list[bytes]:
+        requests = batch.Requests()
+        for _, mine, _ in CASES + CASES:
+            mine(requests)
+        return requests._data
+
+    monkeypatch.setattr(batch, "_ENCODED_KEPT", 0)  # nothing kept: every request encoded
+    fresh = build()
+    monkeypatch.setattr(batch, "_ENCODED_KEPT", 64)
+    monkeypatch.setattr(batch, "_encoded", OrderedDict())
+    encoded: list[str] = []
+    for cls in (batch.ifinfmsg, batch.ifaddrmsg, batch.rtmsg):
+        original = cls.encode
+        monkeypatch.setattr(cls, "encode", lambda self, original=original: encoded.append("x") or original(self))
+    reused = build()
+    assert len(encoded) == len(CASES)  # each distinct request encoded once
+    assert reused == fresh
+    sequences = [m["header"]["sequence_number"] for m in MarshalRtnl().parse(b"".join(reused))]
+    assert sequences == list(range(1, 2 * len(CASES) + 1))
+
+
+def test_the_kept_encodings_are_bounded_and_the_least_recently_used_goes_first(monkeypatch) -> None:
+    monkeypatch.setattr(batch, "_ENCODED_KEPT", 2)
+    kept: OrderedDict[Any, bytes] = OrderedDict()
+    monkeypatch.setattr(batch, "_encoded", kept)
+    requests = batch.Requests()
+    for index in (1, 2, 1, 3):
+        requests.link_get(index)
+    assert [key[3][3] for key in kept] == [1, 3]  # the fields' index; 2 was the least recently used
+    assert [m["index"] for m in MarshalRtnl().parse(b"".join(requests._data))] == [1, 2, 1, 3]
 
 
 def test_one_send_answers_each_request_in_order_and_a_failure_stops_nothing(make_netns) -> None:
