@@ -152,7 +152,9 @@ class Requests:
         sequence = len(self._data) + 1
         # The whole content: the class (how it encodes), header, fields and attributes, read
         # before pyroute2's encoding adds its own keys to the nested ones.
-        key = (type(msg), kind, flags, tuple(msg[name] for name, *_ in msg.fields), repr(attributes))
+        # (A field not set reads 0, as pyroute2's ``msg[name]`` has it, without its dict of fields.)
+        fields = tuple([dict.get(msg, name, 0) for name, *_ in msg.fields])
+        key = (type(msg), kind, flags, fields, repr(attributes))
         msg["attrs"] = attributes
         with _encoded_lock:
             data = _encoded.get(key)
