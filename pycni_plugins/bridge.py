@@ -197,11 +197,13 @@ def _configure_container(ifname: str, result: Result, enable_dad: bool) -> None:
 
 
 def _container_up(ifname: str) -> None:
+    """The container end UP (no IPAM): one send of :mod:`.kernel.batch`, its socket closed in here."""
     index = links.ifindex(ifname)
     if index is None:
         raise fail(f'failed to lookup "{ifname}": Link not found')
-    with links.iproute() as ipr:
-        links.set_up(ipr, index)
+    requests = batch.Requests()
+    requests.link_set(index, up=True)
+    requests.send()[0].check()
 
 
 # --- gateway computation ------------------------------------------------------------------------
@@ -332,7 +334,7 @@ class BridgePlugin(Plugin):
         if conf.ipam_type:
             result = self._add_l3(request, conf, a, br, result)
         elif not conf.disable_container_interface:
-            netns.run_in(a.fd, _container_up, request.ifname)
+            netns.call_in(a.fd, _container_up, request.ifname)
         if not conf.disable_container_interface:
             state = links.wait_oper_up(host_name)
             if state != "UP":
@@ -340,7 +342,7 @@ class BridgePlugin(Plugin):
         if not (created or (conf.is_gateway and result.ips)):
             # Pinned at creation by pycni, or pinned to br.mac above: otherwise (a bridge made
             # elsewhere, no gateway) ports may have changed the MAC since it was read.
-            final_br = links.get_link(ipr, index=br.index)
+            final_br = links.fetch_link(index=br.index)
             if final_br is not None:
                 result = attrs.evolve(result, interfaces=[Interface(br.name, final_br.mac), *result.interfaces[1:]])
         return result

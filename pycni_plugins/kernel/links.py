@@ -456,7 +456,7 @@ def ensure_bridge(
                 raise _error(e.errno, _NO_VLAN_FILTERING) from None
             if e.errno != errno.EEXIST:
                 raise
-        link = get_link(ipr, name)
+        link = fetch_link(name)
         if link is None:
             raise _error(errno.ENODEV, f"bridge {name!r} vanished right after creation")
     if link.kind != "bridge":
