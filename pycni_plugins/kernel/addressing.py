@@ -8,10 +8,14 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
+import struct
 import time
 from collections.abc import Iterable
 from typing import Any
 
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+
+from . import batch
 from .errors import LinkError
 from .links import IPRoute, call
 
@@ -21,6 +25,11 @@ IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
 
 # linux/if_addr.h
 IFA_F_NODAD, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x08, 0x40
+_IFA_ADDRESS, _IFA_LOCAL = (
+    next(n for n, (name, *_) in enumerate(ifaddrmsg.nla_map) if name == a) for a in ("IFA_ADDRESS", "IFA_LOCAL")
+)
+_NLMSGHDR_SIZE = 16
+_IFADDRMSG = struct.Struct("=BBBBI")  # struct ifaddrmsg: family, prefixlen, flags, scope, index
 
 
 def addresses(ipr: IPRoute, index: int, family: int | None = None) -> list[tuple[IPInterface, int]]:
@@ -40,9 +49,23 @@ def _listed(msgs: Iterable[Any]) -> list[tuple[IPInterface, int]]:
     return out
 
 
-def of_link(msgs: Iterable[Any], index: int) -> list[IPInterface]:
-    """The addresses of link ``index`` among the messages of an address dump (:mod:`.batch`'s)."""
-    return [addr for addr, _ in _listed(m for m in msgs if m["index"] == index)]
+def of_link(msgs: Iterable[bytes], index: int) -> list[IPInterface]:
+    """The addresses of link ``index`` among the messages of an address dump (:mod:`.batch`'s,
+    as bytes): read from the bytes, what :func:`addresses` reads of pyroute2's decoding (IFA_LOCAL,
+    else IFA_ADDRESS, with the prefix length), without decoding the other attributes (~50 µs a
+    message)."""
+    out: list[IPInterface] = []
+    for data in msgs:
+        _, prefixlen, _, _, link = _IFADDRMSG.unpack_from(data, _NLMSGHDR_SIZE)
+        if link != index:
+            continue
+        found = batch.attributes(data, _NLMSGHDR_SIZE + _IFADDRMSG.size)
+        ip = found.get(_IFA_LOCAL)
+        if ip is None:
+            ip = found.get(_IFA_ADDRESS)
+        if ip is not None:
+            out.append(ipaddress.ip_interface((ipaddress.ip_address(bytes(ip)), prefixlen)))
+    return out
 
 
 def add_address(ipr: IPRoute, index: int, addr: IPInterface, *, nodad: bool = False, exist_ok: bool = False) -> bool:

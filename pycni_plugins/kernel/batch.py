@@ -118,11 +118,11 @@ class Answer:
         marshal = MarshalRtnl()
         return tuple(msg for data in self.raw for msg in marshal.parse(data))
 
-    def check(self) -> tuple[Any, ...]:
-        """The messages, or the error raised."""
+    def check(self) -> tuple[bytes, ...]:
+        """The messages' bytes (:attr:`raw`), or the error raised."""
         if self.error is not None:
             raise self.error
-        return self.messages
+        return self.raw
 
 
 def _words(msg: Any, attributes: list[tuple[str, Any]]) -> list[str]:

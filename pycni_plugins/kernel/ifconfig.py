@@ -169,7 +169,9 @@ def default_route_indexes(ipr: links.IPRoute, versions: Iterable[int] = (4, 6)) 
         tables = _rule_tables(ipr, family)
         requests = batch.Requests()  # one dump per send: a socket runs one dump at a time (EBUSY)
         position = requests.route_dump(family, defaults_only=True)
-        for msg in requests.send()[position].check():
+        answer = requests.send()[position]
+        answer.check()
+        for msg in answer.messages:
             table = msg.get("table")
             if table not in tables:
                 continue

@@ -205,6 +205,35 @@ def test_a_link_read_from_its_answers_bytes_is_what_pyroute2_decodes_of_it(make_
     assert lo.name == "lo" and lo.index == links.LOOPBACK_INDEX and lo.operstate == "UNKNOWN"
 
 
+def test_a_links_addresses_read_from_a_dumps_bytes_are_the_ones_pyroute2_lists(make_netns) -> None:
+    """of_link reads an address dump's bytes: for each link, the addresses (a peer address's
+    local end, IPv6, several per link) that addressing.addresses lists through pyroute2."""
+    ns = make_netns("c")
+
+    def body() -> list[tuple[list[str], list[str]]]:
+        with links.iproute() as ipr:
+            links.add_link(ipr, "a0", "veth", peer="a1", up=True)
+            a0, a1 = links.ifindex("a0"), links.ifindex("a1")
+            assert a0 is not None and a1 is not None
+            addressing.add_address(ipr, a0, V4)
+            addressing.add_address(ipr, a0, V6, nodad=True)
+            addressing.add_address(ipr, a0, V4_31)
+            links.call(ipr.addr, "add", index=a1, address="198.18.8.2", local="198.18.8.1", prefixlen=32)
+            requests = batch.Requests()
+            position = requests.addr_dump()
+            raw = requests.send()[position].check()
+            pairs = []
+            for index in (links.LOOPBACK_INDEX, a0, a1):
+                theirs = [a for a, _ in addressing.addresses(ipr, index)]
+                pairs.append((sorted(map(str, addressing.of_link(raw, index))), sorted(map(str, theirs))))
+            return pairs
+
+    pairs = netns.run_in(ns.path, body)
+    assert [mine for mine, _ in pairs] == [theirs for _, theirs in pairs]
+    lo, a0, a1 = (mine for mine, _ in pairs)
+    assert "127.0.0.1/8" in lo and {str(V4), str(V6), str(V4_31)} <= set(a0) and "198.18.8.1/32" in a1
+
+
 def test_route_oif_read_from_the_answers_bytes_is_what_pyroute2_decodes(make_netns) -> None:
     ns = make_netns("c")
 
