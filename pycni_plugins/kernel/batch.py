@@ -70,6 +70,15 @@ _SEQUENCE_OFFSET = 8  # in struct nlmsghdr
 _ENCODED_KEPT = 64
 _encoded: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
 _encoded_lock = threading.Lock()
+
+
+def _unlock_in_child() -> None:
+    """A forked child's own lock: the fork may have caught another thread holding the parent's."""
+    global _encoded_lock
+    _encoded_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlock_in_child)
 #: The requests that change something, as the debug log names them (:mod:`.changes`).
 _CHANGES = {RTM_NEWLINK: "link set", RTM_DELLINK: "link del", RTM_NEWADDR: "addr add", RTM_NEWROUTE: "route append"}
 
