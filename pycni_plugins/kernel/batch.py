@@ -4,13 +4,13 @@ a netlink socket opened for them in the calling thread's namespace, and every an
 
 A request through ``IPRoute`` costs ~0.15-0.3 ms of pyroute2's machinery (an asyncio loop turn,
 request filters) on top of the kernel's few microseconds, and an ``IPRoute`` opened in a fresh
-thread another ~0.4 ms; building the message costs ~0.02 ms. The kernel handles the messages of
-one send in order, each on its own: a failed request does not stop the next ones, so a caller
-sends together only requests whose later members are harmless after an earlier failure (its
-undo removes what they did), and reads the answers in order. Acknowledgements come without the
-request echoed back (``NETLINK_CAP_ACK``) and are read from their header and error code; what a
-get or a dump returns is kept as bytes, decoded by pyroute2 when a caller asks for
-:attr:`Answer.messages`. A caller that reads a few fields of a big answer reads them from the
+thread another ~0.4 ms; building the message costs less (see below). The kernel handles the
+messages of one send in order, each on its own: a failed request does not stop the next ones,
+so a caller sends together only requests whose later members are harmless after an earlier
+failure (its undo removes what they did), and reads the answers in order. Acknowledgements
+come without the request echoed back (``NETLINK_CAP_ACK``) and are read from their header and
+error code; what a get or a dump returns is kept as bytes, decoded by pyroute2 when a caller
+asks for :attr:`Answer.messages`. A caller that reads a few fields of a big answer reads them from the
 bytes instead (:func:`attributes`): pyroute2 decodes an RTM_NEWLINK's ~40 attributes into ~45
 objects (~0.17 ms) however few are read.
 
