@@ -59,7 +59,7 @@ def of_link(msgs: Iterable[bytes], index: int) -> list[IPInterface]:
         _, prefixlen, _, _, link = _IFADDRMSG.unpack_from(data, _NLMSGHDR_SIZE)
         if link != index:
             continue
-        found = batch.attributes(data, _NLMSGHDR_SIZE + _IFADDRMSG.size)
+        found = batch.attributes(data, _NLMSGHDR_SIZE + _IFADDRMSG.size, (_IFA_LOCAL, _IFA_ADDRESS))
         ip = found.get(_IFA_LOCAL)
         if ip is None:
             ip = found.get(_IFA_ADDRESS)

@@ -29,7 +29,7 @@ import socket
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from logging import DEBUG
 from typing import Any
 
@@ -367,10 +367,13 @@ _ATTRIBUTE = struct.Struct("=HH")  # struct nlattr: length (with itself), type
 _NLA_TYPE_MASK = ~((1 << 15) | (1 << 14)) & 0xFFFF
 
 
-def attributes(data: bytes | memoryview, start: int, end: int | None = None) -> dict[int, memoryview]:
+def attributes(
+    data: bytes | memoryview, start: int, wanted: Collection[int] | None = None, *, end: int | None = None
+) -> dict[int, memoryview]:
     """The netlink attributes (struct nlattr, each padded to 4 bytes) from ``start`` to ``end``
-    (default: the end of ``data``): each type's first one's payload, by type. The payload of a
-    nested attribute holds its own attributes (``attributes(payload, 0)``)."""
+    (default: the end of ``data``): each type's first one's payload, by type; only the types in
+    ``wanted``, when given (the others are stepped over without a copy or view of them). The
+    payload of a nested attribute holds its own attributes (``attributes(payload, 0)``)."""
     view = memoryview(data)
     end = len(data) if end is None else end
     found: dict[int, memoryview] = {}
@@ -379,6 +382,8 @@ def attributes(data: bytes | memoryview, start: int, end: int | None = None) -> 
         length, kind = _ATTRIBUTE.unpack_from(data, offset)
         if length < _ATTRIBUTE.size or offset + length > end:
             break
-        found.setdefault(kind & _NLA_TYPE_MASK, view[offset + _ATTRIBUTE.size : offset + length])
+        kind &= _NLA_TYPE_MASK
+        if (wanted is None or kind in wanted) and kind not in found:
+            found[kind] = view[offset + _ATTRIBUTE.size : offset + length]
         offset += (length + 3) & ~3
     return found

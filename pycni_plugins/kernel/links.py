@@ -263,52 +263,41 @@ def _link(msg: Any) -> Link:
     )
 
 
-# linux/if_link.h: the attributes a Link reads (pyroute2's ifinfmsg.nla_map, by number)
-_IFLA = {name: number for number, (name, *_) in enumerate(ifinfmsg.nla_map)}
-_IFLA_ADDRESS, _IFLA_IFNAME, _IFLA_MTU, _IFLA_LINK = (_IFLA[f"IFLA_{n}"] for n in ("ADDRESS", "IFNAME", "MTU", "LINK"))
-_IFLA_MASTER, _IFLA_TXQLEN, _IFLA_OPERSTATE = (_IFLA[f"IFLA_{n}"] for n in ("MASTER", "TXQLEN", "OPERSTATE"))
-_IFLA_LINKINFO, _IFLA_LINK_NETNSID = _IFLA["IFLA_LINKINFO"], _IFLA["IFLA_LINK_NETNSID"]
-_IFLA_INFO_KIND = [name for name, *_ in ifinfmsg.ifinfo.nla_map].index("IFLA_INFO_KIND")
-_IFINFOMSG = struct.Struct("=BxHiII")  # struct ifinfomsg: family, type, index, flags, change
-_NLMSGHDR_SIZE = 16
+# linux/if_link.h: the attributes a Link reads, by number (pyroute2's tables; names without IFLA_)
+_IFLA = {name[5:]: number for number, (name, *_) in enumerate(ifinfmsg.nla_map)}
+_READ = frozenset(_IFLA[n] for n in "ADDRESS IFNAME MTU LINK MASTER TXQLEN OPERSTATE LINKINFO LINK_NETNSID".split())
+_INFO_KIND = ifinfmsg.ifinfo.nla_map.index(("IFLA_INFO_KIND", "asciiz"))
+_IFINFOMSG = struct.Struct("=16xBxHiII")  # struct nlmsghdr, struct ifinfomsg: family, type, index, flags, change
 _U32, _S32 = struct.Struct("=I"), struct.Struct("=i")
 
 
-def _text(payload: memoryview) -> str:
-    """A string attribute as pyroute2's ``asciiz`` reads it (link names and kinds are UTF-8)."""
-    return bytes(payload).strip(b"\0").decode("utf-8", "replace")
+def _text(payload: memoryview | None) -> str:
+    """A string attribute as pyroute2's ``asciiz`` reads it; "" when there is none."""
+    return bytes(payload).strip(b"\0").decode("utf-8", "replace") if payload is not None else ""
 
 
 def _link_of(data: bytes) -> Link:
     """The :class:`Link` of one RTM_NEWLINK message (its bytes, header included), reading only
     the attributes a :class:`Link` holds: what :func:`_link` makes of pyroute2's decoding of
     the same message (a test compares them), without decoding the other ~35 attributes."""
-    _, _, index, flags, _ = _IFINFOMSG.unpack_from(data, _NLMSGHDR_SIZE)
-    found = batch.attributes(data, _NLMSGHDR_SIZE + _IFINFOMSG.size)
-
-    def u32(kind: int) -> int:
-        payload = found.get(kind)
-        return int(_U32.unpack_from(payload)[0]) if payload is not None else 0
-
-    mac = found.get(_IFLA_ADDRESS)
-    info = found.get(_IFLA_LINKINFO)
-    kind = batch.attributes(info, 0).get(_IFLA_INFO_KIND) if info is not None else None
-    operstate = found.get(_IFLA_OPERSTATE)
-    netnsid = found.get(_IFLA_LINK_NETNSID)
-    name = found.get(_IFLA_IFNAME)
+    _, _, index, flags, _ = _IFINFOMSG.unpack_from(data)
+    found = batch.attributes(data, _IFINFOMSG.size, _READ)
+    names = "ADDRESS LINKINFO OPERSTATE LINK_NETNSID MTU MASTER LINK TXQLEN".split()
+    mac, info, state, nsid, *numbers = (found.get(_IFLA[n]) for n in names)
+    mtu, master, peer, txqlen = (int(_U32.unpack_from(p)[0]) if p is not None else 0 for p in numbers)
     return Link(
         index=index,
-        name=_text(name) if name is not None else "",
+        name=_text(found.get(_IFLA["IFNAME"])),
         # pyroute2's l2addr: the first 6 bytes (every link read here is an Ethernet one)
         mac=":".join(f"{b:02x}" for b in mac[:6]) if mac is not None else "",
-        kind=_text(kind) if kind is not None else "",
+        kind=_text(batch.attributes(info, 0, (_INFO_KIND,)).get(_INFO_KIND) if info is not None else None),
         flags=flags,
-        mtu=u32(_IFLA_MTU),
-        master=u32(_IFLA_MASTER),
-        peer_index=u32(_IFLA_LINK),
-        operstate=state_by_code[operstate[0]] if operstate is not None else "UNKNOWN",
-        txqlen=u32(_IFLA_TXQLEN),
-        peer_netnsid=_S32.unpack_from(netnsid)[0] if netnsid is not None else None,
+        mtu=mtu,
+        master=master,
+        peer_index=peer,
+        operstate=state_by_code[state[0]] if state is not None else "UNKNOWN",
+        txqlen=txqlen,
+        peer_netnsid=_S32.unpack_from(nsid)[0] if nsid is not None else None,
     )
 
 

@@ -138,7 +138,7 @@ def route_oif(dst: str) -> int | None:
             return None
         raise answer.error
     # RTA_OIF read from the answer's bytes: pyroute2 would decode its ~10 attributes for it
-    oif = batch.attributes(answer.raw[0], _ATTRS_START).get(_RTA_OIF) if answer.raw else None
+    oif = batch.attributes(answer.raw[0], _ATTRS_START, (_RTA_OIF,)).get(_RTA_OIF) if answer.raw else None
     return (struct.unpack_from("=I", oif)[0] or None) if oif is not None else None
 
 

@@ -33,3 +33,9 @@ def test_a_truncated_or_malformed_attribute_ends_the_reading() -> None:
     assert list(batch.attributes(whole + _nla(4, b"\1\0\0\0")[:6], 0)) == [3]  # longer than what is left
     assert list(batch.attributes(whole + struct.pack("=HH", 2, 4) + b"\0" * 8, 0)) == [3]  # shorter than its header
     assert batch.attributes(whole, 0, end=4) == {}  # nothing past ``end``
+
+
+def test_only_the_wanted_types_are_read() -> None:
+    data = _nla(3, b"eth0\0") + _nla(4, b"\1\0\0\0") + _nla(4, b"\2\0\0\0") + _nla(5, b"\3\0\0\0")
+    found = batch.attributes(data, 0, (4, 9))
+    assert list(found) == [4] and struct.unpack("=I", found[4])[0] == 1  # still the first of its type
