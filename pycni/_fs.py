@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import secrets
 import stat
@@ -34,6 +35,10 @@ __all__ = [
 _Fd = TypeVar("_Fd", bound="int | None", covariant=True)
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Temp files are named by pid (kept here: os.getpid is a syscall each time) and a number;
+#: next() on the count is atomic, so no two threads get one number.
+_temp_pid = os.getpid()
+_temp_numbers = itertools.count()
 
 
 def check_private_dir(fd: int, what: str) -> None:
@@ -81,8 +86,7 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, excl
     the others get False); then the directory is fsync'd. On any failure the temp file is
     removed and ``name`` keeps its old content; the ``OSError`` is the caller's to translate.
     """
-    tmp = f".{secrets.token_hex(8)}.tmp"  # not derived from name: a 255-byte name must fit
-    fd = os.open(tmp, _TEMP_FLAGS, mode, dir_fd=dir_fd)
+    tmp, fd = _temp_file(dir_fd, mode)
     renamed = False
     try:
         try:
@@ -107,6 +111,19 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, excl
         if not renamed:  # a rename took the temp name with it
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
+
+
+def _temp_file(dir_fd: int, mode: int) -> tuple[str, int]:
+    """A new temp file in ``dir_fd``, named by pid and a per-process number (not derived from the
+    record's name: a 255-byte name must fit; no getrandom per write). O_EXCL refuses a name
+    already there (left by a killed process, made by one with this pid in another pid namespace,
+    or planted in a shared directory, which could plant the next numbers too): then random names."""
+    tmp = f".{_temp_pid}.{next(_temp_numbers)}.tmp"
+    while True:
+        try:
+            return tmp, os.open(tmp, _TEMP_FLAGS, mode, dir_fd=dir_fd)
+        except FileExistsError:
+            tmp = f".{secrets.token_hex(8)}.tmp"
 
 
 def read_all(fd: int) -> bytes:
@@ -276,6 +293,12 @@ class _Use(Generic[_Fd]):
             self.kept._release(self.entry)
 
 
+def _child_pid() -> None:
+    global _temp_pid
+    _temp_pid = os.getpid()
+
+
 #: The process's kept directories (plugin state records, results cache).
 kept_dirs = KeptDirs()
 os.register_at_fork(after_in_child=kept_dirs._forget_in_child)
+os.register_at_fork(after_in_child=_child_pid)

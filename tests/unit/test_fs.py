@@ -132,6 +132,71 @@ def test_exclusive_keeps_the_first_writers_content(tmp_path: Path, dir_fd: int) 
     assert os.listdir(tmp_path) == ["f"]
 
 
+def test_temp_files_are_named_without_randomness_and_a_name_already_there_is_passed_by(
+    tmp_path: Path, dir_fd: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[str] = []
+    real_open = os.open
+
+    def record(path: str, *args: Any, **kw: Any) -> int:
+        opened.append(path)
+        return real_open(path, *args, **kw)
+
+    monkeypatch.setattr(os, "open", record)
+    _fs.write_atomic(dir_fd, "f", b"1")
+    _fs.write_atomic(dir_fd, "f", b"2")
+    first, second = opened
+    assert first.startswith(f".{os.getpid()}.") and first != second
+    # The next name planted (a symlink, even): not followed, not touched; a random name instead.
+    pid, number = second.split(".")[1:3]
+    planted = f".{pid}.{int(number) + 1}.tmp"
+    os.symlink(tmp_path / "elsewhere", tmp_path / planted)
+    _fs.write_atomic(dir_fd, "f", b"3")
+    assert (tmp_path / "f").read_bytes() == b"3"
+    assert opened[-2] == planted and len(opened[-1]) == len(".0123456789abcdef.tmp")
+    assert sorted(os.listdir(tmp_path)) == sorted([planted, "f"]) and not (tmp_path / "elsewhere").exists()
+
+
+def test_threads_writing_at_once_never_share_a_temp_file(tmp_path: Path, dir_fd: int) -> None:
+    def write(t: int) -> None:
+        for i in range(200):
+            _fs.write_atomic(dir_fd, f"t{t}", f"{t}.{i}".encode())
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(os.listdir(tmp_path)) == sorted(f"t{t}" for t in range(8))
+    assert all((tmp_path / f"t{t}").read_bytes() == f"{t}.199".encode() for t in range(8))
+
+
+def test_a_forked_child_names_its_temp_files_by_its_own_pid(tmp_path: Path, dir_fd: int) -> None:
+    _fs.write_atomic(dir_fd, "parent", b"p")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            real_open = os.open
+            names: list[str] = []
+
+            def record(path: str, *args: Any, **kw: Any) -> int:
+                names.append(path)
+                return real_open(path, *args, **kw)
+
+            os.open = record  # type: ignore[assignment]
+            _fs.write_atomic(dir_fd, "child", b"c")
+            os.write(write, names[0].encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        name = f.read().decode()
+    os.waitpid(pid, 0)
+    assert name.startswith(f".{pid}.")
+    assert (tmp_path / "child").read_bytes() == b"c"
+
+
 def test_the_mode_is_exact_whatever_the_umask(tmp_path: Path, dir_fd: int) -> None:
     old = os.umask(0o077)
     try:
