@@ -1,4 +1,5 @@
-"""The one atomic write (cache entries, plugin state records, shims): old or new, never a part; durable."""
+"""The one atomic write (cache entries, plugin state records, shims): old or new, never a part;
+durable but for the state records."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from pycni import _fs
 from pycni.cache import CachedAttachment, ResultsCache
+from pycni_plugins.install import install
 from pycni_plugins.kernel.state import Records
 
 
@@ -77,27 +79,36 @@ def test_the_data_is_fsynced_before_the_rename_and_the_directory_after(
 
 
 @pytest.mark.parametrize(
-    "write",
+    ("write", "synced"),
     [
-        pytest.param(lambda root: Records("r", root=str(root)).store("n", {"a": 1}), id="state store"),
-        pytest.param(lambda root: Records("r", root=str(root)).create("n", {"a": 1}), id="state create"),
+        # What outlives a reboot: the file before its rename, the directory after.
         pytest.param(
-            lambda root: ResultsCache(str(root)).write(CachedAttachment("c", "net", "eth0")), id="cache entry"
+            lambda root, i: ResultsCache(str(root)).write(CachedAttachment(f"c{i}", "net", "eth0")),
+            ["file", "dir"],
+            id="cache entry",
         ),
+        pytest.param(lambda root, i: install(str(root), ["loopback"], force=True), ["file", "dir"], id="plugin shim"),
+        # The plugins' state records describe kernel state a reboot wipes: never synced.
+        pytest.param(lambda root, i: Records("r", root=str(root)).store(f"n{i}", {"a": 1}), [], id="state store"),
+        pytest.param(lambda root, i: Records("r", root=str(root)).create(f"n{i}", {"a": 1}), [], id="state create"),
     ],
 )
-def test_cache_and_state_records_are_written_durably(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write: Any
+def test_the_cache_and_installed_plugins_are_written_durably_and_state_records_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write: Any, synced: list[str]
 ) -> None:
-    # The state records were renamed into place without an fsync: a crash could leave an empty file.
-    kinds: list[bool] = []
-    real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (kinds.append(stat.S_ISDIR(os.fstat(fd).st_mode)), real_fsync(fd)))
     root = tmp_path / "root"
     root.mkdir(mode=0o700)
-    write(root)
-    # The new directory's entry in root (the records' dir, results/), the file, its entry.
-    assert kinds == [True, False, True]
+    write(root, 0)  # makes the directories (durably, once: see the next test)
+    kinds: list[str] = []
+    real_fsync = os.fsync
+
+    def record(fd: int) -> None:
+        kinds.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    write(root, 1)
+    assert kinds == synced
 
 
 def test_every_directory_made_for_records_is_durable_in_its_parent(
