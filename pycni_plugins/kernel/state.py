@@ -116,6 +116,17 @@ class Records:
         except ValueError:  # torn by a power cut (see the module docstring)
             return None
 
+    def exists(self, name: str) -> bool:
+        """Whether there is a record ``name`` (one ``fstatat``; whatever its content)."""
+        with self._dir(create=False) as d:
+            if d is None:
+                return False
+            try:
+                os.stat(_check_name(name), dir_fd=d, follow_symlinks=False)
+            except FileNotFoundError:
+                return False
+            return True
+
     def store(self, name: str, data: Any) -> None:
         with self._dir(create=True) as d:
             write_atomic(d, _check_name(name), _payload(data), durable=False)

@@ -240,6 +240,24 @@ def test_apply_release_and_record(host, kit, state_dir):
     assert not kit.nft_elements()["hostports4"]
 
 
+def test_an_apply_looks_for_the_state_dirs_epoch_once_and_the_first_one_claims_the_table(
+    host, kit, state_dir, monkeypatch
+):
+    from pycni_plugins.kernel.nft import ownership
+    from pycni_plugins.kernel.state import Records
+
+    looked: list[str] = []
+    for method in ("exists", "load"):
+        real = getattr(Records, method)
+        monkeypatch.setattr(Records, method, lambda self, name, real=real: (looked.append(name), real(self, name))[1])
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert ownership.authoritative(ownership.records(state_dir))
+    looked.clear()
+    other = Attachment("net1", "c2", "eth0")
+    nft.apply("portmap", other, _elements(9090, ipaddress.ip_interface("10.88.0.6/16")), SECTIONS, state_dir=state_dir)
+    assert looked.count("epoch") == 1, looked
+
+
 def test_conflict_changes_nothing(host, kit, state_dir):
     nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
     before = kit.nft_ruleset()

@@ -28,6 +28,7 @@ from .ownership import (
     Comment,
     Element,
     authoritative,
+    claim_first,
     comment,
     holder,
     holds,
@@ -120,6 +121,7 @@ def apply(
     stale = [e for e in old if e not in wanted]
     needs = [(s.family, s.sentinel) for s in sections]
     kept = [*stale, *(e for e in wanted if e in old)]
+    claim_first(store)  # once per apply: its saves below write into the same state dir
     save(store, attachment, owner, kept, [e for e in wanted if e not in old], sections=needs, shared=shared)
     failpoint(f"nft.apply.{owner}.after-record")
     text = comment(attachment, owner)

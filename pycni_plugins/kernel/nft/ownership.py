@@ -52,6 +52,7 @@ __all__ = [
     "save",
     "owned",
     "claim",
+    "claim_first",
     "reclaim",
     "authoritative",
 ]
@@ -209,9 +210,8 @@ def save(
     """Write the record: the confirmed ``elements``, the ``pending`` ones, and what a heal needs
     to put them back without the plugin's config (:func:`~.listing.restore_all`): the
     ``sections`` they need, as (family, sentinel chain), the ``shared`` elements of their ADD,
-    and the cookie of the namespace whose table holds them (a state dir may serve several)."""
-    if _epoch(store) is None:
-        claim(store)
+    and the cookie of the namespace whose table holds them (a state dir may serve several).
+    The state dir's first record is written after :func:`claim_first`."""
     record: dict[str, Any] = {
         "attachment": attrs.asdict(attachment),
         "owner": owner,
@@ -276,6 +276,13 @@ def claim(store: Records) -> None:
         return
     run([f"add table inet {TABLE}", f"add set inet {TABLE} {EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
     memo().authoritative.clear()
+
+
+def claim_first(store: Records) -> None:
+    """Before a record is written: :func:`claim` the table unless the state dir has done so (its
+    epoch record is there, even one a power cut left torn, which a claim could not replace)."""
+    if not store.exists(EPOCH):
+        claim(store)
 
 
 def reclaim(store: Records) -> None:
