@@ -136,11 +136,12 @@ def _temp_file(dir_fd: int, mode: int) -> tuple[str, int]:
             tmp = f".{secrets.token_hex(8)}.tmp"
 
 
-def read_all(fd: int) -> bytes:
+def read_all(fd: int, chunk_size: int = 65536) -> bytes:
     """Everything left in the open file: a small file in one or two reads, without the file
-    object (and its fstat, ioctl and lseek) that ``os.fdopen(fd).read()`` costs."""
+    object (and its fstat, ioctl and lseek) that ``os.fdopen(fd).read()`` costs. A ``/proc/sys``
+    read allocates and zeroes a kernel buffer of the size asked: read those a page at a time."""
     data = b""
-    while chunk := os.read(fd, 65536):
+    while chunk := os.read(fd, chunk_size):
         data += chunk
     return data
 
