@@ -14,7 +14,9 @@ fsync; the directories' entries are, made once with :func:`pycni._fs.make_dirs`)
 cut or a kernel crash loses what is not synced yet, and either wipes the kernel state the
 records describe, so a durable record would only outlive what it describes (on a disk-backed
 state dir each fsync costs ~0.1-0.2 ms, 16 per ADD of the default chain). A record such a
-reboot left empty or torn (not JSON) reads as none, as after a lost state dir.
+reboot left empty or torn (not JSON) reads as none, as after a lost state dir (nft's DEL
+searches for the elements of a torn record, and a torn epoch is claimed anew); the next write
+of the record, or its attachment's DEL, replaces or removes it.
 """
 
 from __future__ import annotations

@@ -159,8 +159,14 @@ def release(owner: str, attachment: Attachment, *, state_dir: str) -> None:
     store = records(state_dir)
     loaded = load(store, attachment, owner)
     if loaded is None:
-        if not authoritative(store):
+        # A record that is there but does not read was torn by a power cut (kernel/state.py):
+        # what it listed is unknown, so the elements are searched for as without a state dir.
+        name = record_name(attachment, owner)
+        torn = store.exists(name)
+        if torn or not authoritative(store):
             remove_found(search(attachment.key, owner))
+        if torn:
+            store.remove(name)
         return
     # Pending elements only if ours: the ADD may have been killed before its commit.
     elements = owned(attachment, loaded)

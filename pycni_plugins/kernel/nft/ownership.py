@@ -271,7 +271,11 @@ def claim(store: Records) -> None:
     elsewhere, and this dir never becomes authoritative (DEL without a record searches)."""
     token = secrets.token_hex(7)
     if not store.create(EPOCH, token):
-        return  # a concurrent first writer won; its token stands
+        if _epoch(store) is not None:
+            return  # a concurrent first writer won; its token stands
+        # A power cut left it torn (records are not fsync'd): the table it named is gone, and
+        # the one here is claimed below only if nobody has claimed it meanwhile.
+        store.store(EPOCH, token)
     if _epoch_tokens():
         return
     run([f"add table inet {TABLE}", f"add set inet {TABLE} {EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
@@ -279,9 +283,8 @@ def claim(store: Records) -> None:
 
 
 def claim_first(store: Records) -> None:
-    """Before a record is written: :func:`claim` the table unless the state dir has done so (its
-    epoch record is there, even one a power cut left torn, which a claim could not replace)."""
-    if not store.exists(EPOCH):
+    """Before a record is written: :func:`claim` the table unless the state dir has done so."""
+    if _epoch(store) is None:  # none yet, or one a power cut left torn
         claim(store)
 
 
