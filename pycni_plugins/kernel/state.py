@@ -101,7 +101,9 @@ class Records:
             raise _refused(path, e) from None
         return fd
 
-    def load(self, name: str) -> Any | None:
+    def load(self, name: str, torn: Any = None) -> Any | None:
+        """The record's data; ``None`` when there is none, ``torn`` when it is there but is not
+        JSON (see the module docstring)."""
         with self._dir(create=False) as d:
             if d is None:
                 return None
@@ -115,19 +117,8 @@ class Records:
                 os.close(fd)
         try:
             return json.loads(data)
-        except ValueError:  # torn by a power cut (see the module docstring)
-            return None
-
-    def exists(self, name: str) -> bool:
-        """Whether there is a record ``name`` (one ``fstatat``; whatever its content)."""
-        with self._dir(create=False) as d:
-            if d is None:
-                return False
-            try:
-                os.stat(_check_name(name), dir_fd=d, follow_symlinks=False)
-            except FileNotFoundError:
-                return False
-            return True
+        except ValueError:
+            return torn
 
     def store(self, name: str, data: Any) -> None:
         with self._dir(create=True) as d:

@@ -240,21 +240,30 @@ def test_apply_release_and_record(host, kit, state_dir):
     assert not kit.nft_elements()["hostports4"]
 
 
-def test_an_apply_looks_for_the_state_dirs_epoch_once_and_the_first_one_claims_the_table(
+def test_applies_look_for_the_state_dirs_epoch_once_a_second_and_the_first_one_claims_the_table(
     host, kit, state_dir, monkeypatch
 ):
     from pycni_plugins.kernel.nft import ownership
     from pycni_plugins.kernel.state import Records
 
     looked: list[str] = []
-    for method in ("exists", "load"):
-        real = getattr(Records, method)
-        monkeypatch.setattr(Records, method, lambda self, name, real=real: (looked.append(name), real(self, name))[1])
+    real_load = Records.load
+    monkeypatch.setattr(Records, "load", lambda self, name, **kw: (looked.append(name), real_load(self, name, **kw))[1])
     nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
     assert ownership.authoritative(ownership.records(state_dir))
     looked.clear()
-    other = Attachment("net1", "c2", "eth0")
-    nft.apply("portmap", other, _elements(9090, ipaddress.ip_interface("10.88.0.6/16")), SECTIONS, state_dir=state_dir)
+    for port in (9090, 9091):
+        other = Attachment("net1", f"c{port}", "eth0")
+        nft.apply(
+            "portmap",
+            other,
+            _elements(port, ipaddress.ip_interface(f"10.88.{port % 100}.6/16")),
+            SECTIONS,
+            state_dir=state_dir,
+        )
+    assert looked.count("epoch") == 0, looked
+    ownership._epoch_seen[state_dir] -= transport.VERIFY_EVERY  # a second later
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
     assert looked.count("epoch") == 1, looked
 
 

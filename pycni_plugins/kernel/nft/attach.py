@@ -25,6 +25,7 @@ from pycni.sdk import Attachment
 from ..state import Records
 from .listing import remove_found, search
 from .ownership import (
+    TORN,
     Comment,
     Element,
     authoritative,
@@ -151,22 +152,19 @@ def apply(
 def recorded(owner: str, attachment: Attachment, *, state_dir: str) -> list[Element] | None:
     """The attachment's committed elements for ``owner`` (``None``: no record)."""
     loaded = load(records(state_dir), attachment, owner)
-    return None if loaded is None else owned(attachment, loaded)
+    return None if loaded is None or loaded is TORN else owned(attachment, loaded)
 
 
 def release(owner: str, attachment: Attachment, *, state_dir: str) -> None:
     """Remove the attachment's elements for ``owner``; a no-op when there are none."""
     store = records(state_dir)
     loaded = load(store, attachment, owner)
-    if loaded is None:
-        # A record that is there but does not read was torn by a power cut (kernel/state.py):
-        # what it listed is unknown, so the elements are searched for as without a state dir.
-        name = record_name(attachment, owner)
-        torn = store.exists(name)
-        if torn or not authoritative(store):
+    if loaded is None or loaded is TORN:
+        # What a torn record listed is unknown: its elements are searched for as without a state dir.
+        if loaded is TORN or not authoritative(store):
             remove_found(search(attachment.key, owner))
-        if torn:
-            store.remove(name)
+        if loaded is TORN:
+            store.remove(record_name(attachment, owner))
         return
     # Pending elements only if ours: the ADD may have been killed before its commit.
     elements = owned(attachment, loaded)

@@ -15,6 +15,7 @@ again when the table had to be rebuilt.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 import time
@@ -49,6 +50,7 @@ __all__ = [
     "record_name",
     "filed",
     "load",
+    "TORN",
     "save",
     "owned",
     "claim",
@@ -184,14 +186,19 @@ def filed(store: Records) -> Iterator[tuple[str, str, str]]:
             yield name, key, owner
 
 
+#: What :func:`load` gives for a record that is there but does not read (torn by a power cut,
+#: see :mod:`..state`): which elements it listed is unknown.
+TORN: tuple[list[Element], list[Element]] = ([], [])
+
+
 def load(store: Records, attachment: Attachment, owner: str) -> tuple[list[Element], list[Element]] | None:
-    """The attachment's confirmed and pending elements, or ``None`` (no record).
+    """The attachment's confirmed and pending elements, ``None`` (no record) or :data:`TORN`.
 
     ADD records its new elements as pending before the commit and confirms them after.
     """
-    rec = store.load(record_name(attachment, owner))
-    if rec is None:
-        return None
+    rec = store.load(record_name(attachment, owner), torn=TORN)
+    if rec is None or rec is TORN:
+        return rec
     return [Element.from_json(r) for r in rec.get("elements", ())], [
         Element.from_json(r) for r in rec.get("pending", ())
     ]
@@ -282,10 +289,21 @@ def claim(store: Records) -> None:
     memo().authoritative.clear()
 
 
+#: When this process last saw each state dir's epoch (by root), so that claim_first reads it at
+#: most once per VERIFY_EVERY (a state dir's token is trusted for as long: see authoritative).
+#: A look skipped can only delay a claim, which never made a dir authoritative by itself: a claim
+#: takes a table only nobody has claimed, and a table rebuilt meanwhile is reclaimed by apply.
+_epoch_seen: dict[str, float] = {}
+
+
 def claim_first(store: Records) -> None:
     """Before a record is written: :func:`claim` the table unless the state dir has done so."""
+    now = time.monotonic()
+    if now - _epoch_seen.get(store.root, -math.inf) < VERIFY_EVERY:
+        return
     if _epoch(store) is None:  # none yet, or one a power cut left torn
         claim(store)
+    _epoch_seen[store.root] = now
 
 
 def reclaim(store: Records) -> None:
