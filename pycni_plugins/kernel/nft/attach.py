@@ -39,6 +39,7 @@ from .ownership import (
     record_name,
     records,
     save,
+    saver,
 )
 from .skeleton import Section, ensure
 from .transport import ElementConflict, NftError, run, table
@@ -123,7 +124,8 @@ def apply(
     needs = [(s.family, s.sentinel) for s in sections]
     kept = [*stale, *(e for e in wanted if e in old)]
     claim_first(store)  # once per apply: its saves below write into the same state dir
-    save(store, attachment, owner, kept, [e for e in wanted if e not in old], sections=needs, shared=shared)
+    write = saver(store, attachment, owner, sections=needs, shared=shared)
+    write(kept, [e for e in wanted if e not in old])
     failpoint(f"nft.apply.{owner}.after-record")
     text = comment(attachment, owner)
     extra = [e.add() for e in shared]
@@ -146,7 +148,7 @@ def apply(
         else:
             store.remove(record_name(attachment, owner))
         raise
-    save(store, attachment, owner, wanted, sections=needs, shared=shared)
+    write(wanted, ())
 
 
 def recorded(owner: str, attachment: Attachment, *, state_dir: str) -> list[Element] | None:

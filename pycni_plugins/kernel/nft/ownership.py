@@ -19,7 +19,7 @@ import math
 import re
 import secrets
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -52,6 +52,7 @@ __all__ = [
     "load",
     "TORN",
     "save",
+    "saver",
     "owned",
     "claim",
     "claim_first",
@@ -219,23 +220,40 @@ def save(
     ``sections`` they need, as (family, sentinel chain), the ``shared`` elements of their ADD,
     and the cookie of the namespace whose table holds them (a state dir may serve several).
     The state dir's first record is written after :func:`claim_first`."""
-    record: dict[str, Any] = {
-        "attachment": attrs.asdict(attachment),
-        "owner": owner,
-        "elements": [e.to_json() for e in elements],
-    }
-    if pending:
-        record["pending"] = [e.to_json() for e in pending]
+    saver(store, attachment, owner, sections=sections, shared=shared)(elements, pending)
+
+
+def saver(
+    store: Records,
+    attachment: Attachment,
+    owner: str,
+    *,
+    sections: Iterable[tuple[str, str]] = (),
+    shared: Iterable[Element] = (),
+) -> Callable[[Iterable[Element], Iterable[Element]], None]:
+    """:func:`save` for records written one after the other in one namespace (an ADD's pending
+    and confirmed ones): the name and all but the elements are worked out once."""
+    name = record_name(attachment, owner)
+    head: dict[str, Any] = {"attachment": attrs.asdict(attachment), "owner": owner}
+    tail: dict[str, Any] = {}
     needs = [list(s) for s in sections]
     if needs:
-        record["sections"] = needs
+        tail["sections"] = needs
     extra = [e.to_json() for e in shared]
     if extra:
-        record["shared"] = extra
+        tail["shared"] = extra
     cookie = memo().cookie
     if cookie is not None:
-        record["netns"] = cookie
-    store.store(record_name(attachment, owner), record)
+        tail["netns"] = cookie
+
+    def write(elements: Iterable[Element], pending: Iterable[Element]) -> None:
+        record = {**head, "elements": [e.to_json() for e in elements]}
+        if pending:
+            record["pending"] = [e.to_json() for e in pending]
+        record.update(tail)
+        store.store(name, record)
+
+    return write
 
 
 def owned(attachment: Attachment, loaded: tuple[list[Element], list[Element]] | None) -> list[Element]:
