@@ -123,7 +123,7 @@ def apply(
     stale = [e for e in old if e not in wanted]
     needs = [(s.family, s.sentinel) for s in sections]
     kept = [*stale, *(e for e in wanted if e in old)]
-    claim_first(store)  # once per apply: its saves below write into the same state dir
+    claim_first(store)  # a state dir's first record claims the table
     write = saver(store, attachment, owner, sections=needs, shared=shared)
     write(kept, [e for e in wanted if e not in old])
     failpoint(f"nft.apply.{owner}.after-record")
