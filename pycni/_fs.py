@@ -5,14 +5,17 @@ process keeps open for those directories between calls.
 
 Both sides trust a directory for the same reasons: what is in it decides what DEL and GC remove,
 so a directory that another uid owns, or that anyone else may read or write, could hold planted
-entries. And both write a file the same way: a reader (or a crash) sees the old content or the
-new, never a part.
+entries. And both write a file the same way: a reader sees the old content or the new, never a
+part, and so does a crash of the process; after a power cut too where the write is durable
+(the results cache, installed plugins; not the plugins' state records, see
+:mod:`pycni_plugins.kernel.state`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import secrets
 import stat
@@ -34,6 +37,10 @@ __all__ = [
 _Fd = TypeVar("_Fd", bound="int | None", covariant=True)
 
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Temp files are named by pid (kept here: os.getpid is a syscall each time) and a number;
+#: next() on the count is atomic, so no two threads get one number.
+_temp_pid = os.getpid()
+_temp_numbers = itertools.count()
 
 
 def check_private_dir(fd: int, what: str) -> None:
@@ -73,16 +80,21 @@ def unsafe_ancestor(path: str) -> str | None:
         current = parent
 
 
-def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, exclusive: bool = False) -> bool:
-    """Put ``data`` at ``name`` in the open directory ``dir_fd`` in one step, durably.
+def write_atomic(
+    dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, exclusive: bool = False, durable: bool = True
+) -> bool:
+    """Put ``data`` at ``name`` in the open directory ``dir_fd`` in one step, durably unless
+    told otherwise.
 
     The bytes go to a fresh temp file (exactly ``mode``), are fsync'd, and the file is renamed
     over ``name`` (or, ``exclusive``, hard-linked to it: the first of racing writers wins and
     the others get False); then the directory is fsync'd. On any failure the temp file is
     removed and ``name`` keeps its old content; the ``OSError`` is the caller's to translate.
+    Not ``durable``, both fsyncs are left out: readers and a crash of the process still see the
+    old content or the new, but after a power cut the file may be missing, empty or torn — for
+    files describing what the reboot wipes anyway (each fsync costs ~0.1-0.2 ms on a disk).
     """
-    tmp = f".{secrets.token_hex(8)}.tmp"  # not derived from name: a 255-byte name must fit
-    fd = os.open(tmp, _TEMP_FLAGS, mode, dir_fd=dir_fd)
+    tmp, fd = _temp_file(dir_fd, mode)
     renamed = False
     try:
         try:
@@ -90,7 +102,8 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, excl
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         if exclusive:
@@ -101,7 +114,8 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, excl
         else:
             os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             renamed = True
-        os.fsync(dir_fd)
+        if durable:
+            os.fsync(dir_fd)
         return True
     finally:
         if not renamed:  # a rename took the temp name with it
@@ -109,11 +123,25 @@ def write_atomic(dir_fd: int, name: str, data: bytes, *, mode: int = 0o600, excl
                 os.unlink(tmp, dir_fd=dir_fd)
 
 
-def read_all(fd: int) -> bytes:
+def _temp_file(dir_fd: int, mode: int) -> tuple[str, int]:
+    """A new temp file in ``dir_fd``, named by pid and a per-process number (not derived from the
+    record's name: a 255-byte name must fit; no getrandom per write). O_EXCL refuses a name
+    already there (left by a killed process, made by one with this pid in another pid namespace,
+    or planted in a shared directory, which could plant the next numbers too): then random names."""
+    tmp = f".{_temp_pid}.{next(_temp_numbers)}.tmp"
+    while True:
+        try:
+            return tmp, os.open(tmp, _TEMP_FLAGS, mode, dir_fd=dir_fd)
+        except FileExistsError:
+            tmp = f".{secrets.token_hex(8)}.tmp"
+
+
+def read_all(fd: int, chunk_size: int = 65536) -> bytes:
     """Everything left in the open file: a small file in one or two reads, without the file
-    object (and its fstat, ioctl and lseek) that ``os.fdopen(fd).read()`` costs."""
+    object (and its fstat, ioctl and lseek) that ``os.fdopen(fd).read()`` costs. A ``/proc/sys``
+    read allocates and zeroes a kernel buffer of the size asked: read those a page at a time."""
     data = b""
-    while chunk := os.read(fd, 65536):
+    while chunk := os.read(fd, chunk_size):
         data += chunk
     return data
 
@@ -276,6 +304,12 @@ class _Use(Generic[_Fd]):
             self.kept._release(self.entry)
 
 
+def _child_pid() -> None:
+    global _temp_pid
+    _temp_pid = os.getpid()
+
+
 #: The process's kept directories (plugin state records, results cache).
 kept_dirs = KeptDirs()
 os.register_at_fork(after_in_child=kept_dirs._forget_in_child)
+os.register_at_fork(after_in_child=_child_pid)

@@ -51,6 +51,18 @@ class DiskStore:
         lease_cache.store_opened()
         self._leases: Leases | None = None  # the lease cache as synced under the current lock hold
         self.path = os.path.join(data_dir, network)
+        try:  # both there (the common case): one open, the same flags as the two below
+            self.fd = os.open(self.path, _DIR_FLAGS | os.O_NOFOLLOW)
+        except OSError:
+            self.fd = self._open_slowly(data_dir, network)
+        try:
+            self._lock_fd = os.open(LOCK, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o750, dir_fd=self.fd)
+        except OSError as e:
+            os.close(self.fd)
+            raise os_fail("open", os.path.join(self.path, LOCK), e) from None
+
+    def _open_slowly(self, data_dir: str, network: str) -> int:
+        """The network dir, each missing directory made, each failure told apart."""
         try:
             parent = os.open(data_dir, _DIR_FLAGS)
         except FileNotFoundError:
@@ -63,22 +75,17 @@ class DiskStore:
             raise os_fail("open", data_dir, e) from None
         try:
             try:
-                self.fd = os.open(network, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+                return os.open(network, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
             except FileNotFoundError:  # made only when missing: no failed mkdir per call
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(network, 0o755, dir_fd=parent)
-                self.fd = os.open(network, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+                return os.open(network, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
         except OSError as e:
             if e.errno == errno.ENOTDIR and os.path.islink(self.path):  # what O_DIRECTORY says of a symlink
                 raise refuse_symlink(self.path) from None
             raise os_fail("open", self.path, e) from None
         finally:
             os.close(parent)
-        try:
-            self._lock_fd = os.open(LOCK, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, 0o750, dir_fd=self.fd)
-        except OSError as e:
-            os.close(self.fd)
-            raise os_fail("open", os.path.join(self.path, LOCK), e) from None
 
     def __enter__(self) -> DiskStore:
         return self

@@ -26,6 +26,8 @@ import os
 import threading
 from logging import DEBUG
 
+from pycni._fs import read_all
+
 from . import changes
 from .links import keeps_sockets, namespace_key
 
@@ -107,8 +109,7 @@ def _alive(dir_fd: int) -> bool:
 def read(name: str) -> str:
     fd = _open(name, os.O_RDONLY)
     try:
-        with os.fdopen(fd, closefd=False) as f:
-            return f.read().strip()
+        return read_all(fd, 4096).decode().strip()
     finally:
         os.close(fd)
 

@@ -254,6 +254,35 @@ def test_a_rebuilt_table_is_claimed_again(host, kit, state_dir):
     assert ownership.authoritative(ownership.records(state_dir)), "the first commit into the new table claimed it back"
 
 
+def test_an_epoch_a_power_cut_left_torn_is_claimed_anew_in_the_new_table(host, kit, state_dir):
+    # State records are not fsync'd (kernel/state.py): after a power cut the epoch may be empty,
+    # and the table it named is gone with the reboot (here: deleted).
+    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS, state_dir=state_dir)
+    nft.run(["delete table inet pycni"])
+    epoch = os.path.join(state_dir, "nft", "epoch")
+    with open(epoch, "wb"):
+        pass
+    ownership._epoch_seen.clear()  # what this process saw before the reboot
+    nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS, state_dir=state_dir)
+    assert ownership.authoritative(ownership.records(state_dir))
+    with open(epoch, "rb") as f:
+        assert len(f.read()) > 2
+
+
+def test_a_del_whose_record_a_power_cut_left_torn_searches_for_its_elements(host, kit, state_dir):
+    """The state dir still claims the table, so a missing record would mean "no elements"; a
+    torn one lists elements nobody can read: they are searched for, and the record goes."""
+    nft.apply("masq", A, [layout.masq_element(ADDR)], SECTIONS, state_dir=state_dir)
+    nft.apply("masq", B, [layout.masq_element(ipaddress.ip_interface("198.18.72.6/24"))], SECTIONS, state_dir=state_dir)
+    record = os.path.join(state_dir, "nft", f"{A.key}.masq")
+    with open(record, "r+b") as f:
+        f.truncate(7)
+    assert ownership.authoritative(ownership.records(state_dir))
+    nft.release("masq", A, state_dir=state_dir)
+    assert {e[0]["elem"]["val"] for e in kit.nft_elements()["masq4"]} == {"198.18.72.6"}
+    assert not os.path.exists(record)
+
+
 def test_only_the_state_dir_that_claimed_the_table_is_authoritative_in_one_process(host, kit, tmp_path):
     """Two state dirs in one namespace (two runtimes in one process): the answer is remembered
     per state dir, so the second never borrows the first one's authority."""

@@ -240,6 +240,33 @@ def test_apply_release_and_record(host, kit, state_dir):
     assert not kit.nft_elements()["hostports4"]
 
 
+def test_applies_look_for_the_state_dirs_epoch_once_a_second_and_the_first_one_claims_the_table(
+    host, kit, state_dir, monkeypatch
+):
+    from pycni_plugins.kernel.nft import ownership
+    from pycni_plugins.kernel.state import Records
+
+    looked: list[str] = []
+    real_load = Records.load
+    monkeypatch.setattr(Records, "load", lambda self, name, **kw: (looked.append(name), real_load(self, name, **kw))[1])
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert ownership.authoritative(ownership.records(state_dir))
+    looked.clear()
+    for port in (9090, 9091):
+        other = Attachment("net1", f"c{port}", "eth0")
+        nft.apply(
+            "portmap",
+            other,
+            _elements(port, ipaddress.ip_interface(f"10.88.{port % 100}.6/16")),
+            SECTIONS,
+            state_dir=state_dir,
+        )
+    assert looked.count("epoch") == 0, looked
+    ownership._epoch_seen[state_dir] -= transport.VERIFY_EVERY  # a second later
+    nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
+    assert looked.count("epoch") == 1, looked
+
+
 def test_conflict_changes_nothing(host, kit, state_dir):
     nft.apply("portmap", ATT, _elements(), SECTIONS, state_dir=state_dir)
     before = kit.nft_ruleset()

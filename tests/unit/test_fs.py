@@ -1,4 +1,5 @@
-"""The one atomic write (cache entries, plugin state records, shims): old or new, never a part; durable."""
+"""The one atomic write (cache entries, plugin state records, shims): old or new, never a part;
+durable but for the state records."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from pycni import _fs
 from pycni.cache import CachedAttachment, ResultsCache
+from pycni_plugins.install import install
 from pycni_plugins.kernel.state import Records
 
 
@@ -77,27 +79,36 @@ def test_the_data_is_fsynced_before_the_rename_and_the_directory_after(
 
 
 @pytest.mark.parametrize(
-    "write",
+    ("write", "synced"),
     [
-        pytest.param(lambda root: Records("r", root=str(root)).store("n", {"a": 1}), id="state store"),
-        pytest.param(lambda root: Records("r", root=str(root)).create("n", {"a": 1}), id="state create"),
+        # What outlives a reboot: the file before its rename, the directory after.
         pytest.param(
-            lambda root: ResultsCache(str(root)).write(CachedAttachment("c", "net", "eth0")), id="cache entry"
+            lambda root, i: ResultsCache(str(root)).write(CachedAttachment(f"c{i}", "net", "eth0")),
+            ["file", "dir"],
+            id="cache entry",
         ),
+        pytest.param(lambda root, i: install(str(root), ["loopback"], force=True), ["file", "dir"], id="plugin shim"),
+        # The plugins' state records describe kernel state a reboot wipes: never synced.
+        pytest.param(lambda root, i: Records("r", root=str(root)).store(f"n{i}", {"a": 1}), [], id="state store"),
+        pytest.param(lambda root, i: Records("r", root=str(root)).create(f"n{i}", {"a": 1}), [], id="state create"),
     ],
 )
-def test_cache_and_state_records_are_written_durably(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write: Any
+def test_the_cache_and_installed_plugins_are_written_durably_and_state_records_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write: Any, synced: list[str]
 ) -> None:
-    # The state records were renamed into place without an fsync: a crash could leave an empty file.
-    kinds: list[bool] = []
-    real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (kinds.append(stat.S_ISDIR(os.fstat(fd).st_mode)), real_fsync(fd)))
     root = tmp_path / "root"
     root.mkdir(mode=0o700)
-    write(root)
-    # The new directory's entry in root (the records' dir, results/), the file, its entry.
-    assert kinds == [True, False, True]
+    write(root, 0)  # makes the directories (durably, once: see the next test)
+    kinds: list[str] = []
+    real_fsync = os.fsync
+
+    def record(fd: int) -> None:
+        kinds.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    write(root, 1)
+    assert kinds == synced
 
 
 def test_every_directory_made_for_records_is_durable_in_its_parent(
@@ -130,6 +141,71 @@ def test_exclusive_keeps_the_first_writers_content(tmp_path: Path, dir_fd: int) 
     assert _fs.write_atomic(dir_fd, "f", b"second", exclusive=True) is False
     assert (tmp_path / "f").read_bytes() == b"first"
     assert os.listdir(tmp_path) == ["f"]
+
+
+def test_temp_files_are_named_without_randomness_and_a_name_already_there_is_passed_by(
+    tmp_path: Path, dir_fd: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[str] = []
+    real_open = os.open
+
+    def record(path: str, *args: Any, **kw: Any) -> int:
+        opened.append(path)
+        return real_open(path, *args, **kw)
+
+    monkeypatch.setattr(os, "open", record)
+    _fs.write_atomic(dir_fd, "f", b"1")
+    _fs.write_atomic(dir_fd, "f", b"2")
+    first, second = opened
+    assert first.startswith(f".{os.getpid()}.") and first != second
+    # The next name planted (a symlink, even): not followed, not touched; a random name instead.
+    pid, number = second.split(".")[1:3]
+    planted = f".{pid}.{int(number) + 1}.tmp"
+    os.symlink(tmp_path / "elsewhere", tmp_path / planted)
+    _fs.write_atomic(dir_fd, "f", b"3")
+    assert (tmp_path / "f").read_bytes() == b"3"
+    assert opened[-2] == planted and len(opened[-1]) == len(".0123456789abcdef.tmp")
+    assert sorted(os.listdir(tmp_path)) == sorted([planted, "f"]) and not (tmp_path / "elsewhere").exists()
+
+
+def test_threads_writing_at_once_never_share_a_temp_file(tmp_path: Path, dir_fd: int) -> None:
+    def write(t: int) -> None:
+        for i in range(200):
+            _fs.write_atomic(dir_fd, f"t{t}", f"{t}.{i}".encode())
+
+    threads = [threading.Thread(target=write, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(os.listdir(tmp_path)) == sorted(f"t{t}" for t in range(8))
+    assert all((tmp_path / f"t{t}").read_bytes() == f"{t}.199".encode() for t in range(8))
+
+
+def test_a_forked_child_names_its_temp_files_by_its_own_pid(tmp_path: Path, dir_fd: int) -> None:
+    _fs.write_atomic(dir_fd, "parent", b"p")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            real_open = os.open
+            names: list[str] = []
+
+            def record(path: str, *args: Any, **kw: Any) -> int:
+                names.append(path)
+                return real_open(path, *args, **kw)
+
+            os.open = record  # type: ignore[assignment]
+            _fs.write_atomic(dir_fd, "child", b"c")
+            os.write(write, names[0].encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        name = f.read().decode()
+    os.waitpid(pid, 0)
+    assert name.startswith(f".{pid}.")
+    assert (tmp_path / "child").read_bytes() == b"c"
 
 
 def test_the_mode_is_exact_whatever_the_umask(tmp_path: Path, dir_fd: int) -> None:

@@ -529,6 +529,27 @@ def test_a_symlinked_network_dir_is_refused(data_dir: Path, tmp_path: Path) -> N
     assert list(elsewhere.iterdir()) == []
 
 
+def test_an_existing_network_dir_is_opened_in_one_step_and_a_missing_one_is_made(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opened: list[str] = []
+    real_open = os.open
+
+    def record(path: str, flags: int, *args: Any, **kw: Any) -> int:
+        if flags & os.O_DIRECTORY:
+            opened.append(str(path))
+        return real_open(path, flags, *args, **kw)
+
+    monkeypatch.setattr(os, "open", record)
+    with DiskStore(str(data_dir), NET):  # neither there: the slow way, which makes both
+        pass
+    assert (data_dir / NET).is_dir() and opened[0] == str(data_dir / NET)
+    opened.clear()
+    with DiskStore(str(data_dir), NET):
+        pass
+    assert opened == [str(data_dir / NET)]
+
+
 @pytest.mark.parametrize("planted", ["lock", "last_reserved_ip.0"])
 def test_planted_symlinks_to_state_files_are_not_followed(data_dir: Path, tmp_path: Path, planted: str) -> None:
     victim = tmp_path / "victim"

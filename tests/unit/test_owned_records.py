@@ -73,3 +73,20 @@ def test_a_store_takes_only_its_own_kinds(tmp_path: Path) -> None:
         owned.VethRecords("macvlan", str(tmp_path))
     with pytest.raises(ValueError):
         owned.LinkRecords("ptp", str(tmp_path))
+
+
+@pytest.mark.parametrize("torn", [b"", b'{"attachment":{"network":"ne', b"\x00" * 64], ids=["empty", "cut", "zeros"])
+def test_a_record_a_power_cut_left_empty_or_torn_reads_as_none(tmp_path: Path, torn: bytes) -> None:
+    # State records are not fsync'd (kernel/state.py): after a power cut one may be any of these,
+    # and the DEL that follows the reboot must read it as no record rather than fail on it.
+    from pycni_plugins.kernel.nft import ownership
+
+    att = Attachment("net1", "c1", "eth0")
+    veths = owned.VethRecords("bridge", str(tmp_path))
+    veths.put(owned.VethRecord(att, "veth1a2b3c4d"))
+    nft = ownership.records(str(tmp_path))
+    nft.store(ownership.record_name(att, "masq"), {"elements": []})
+    (tmp_path / "bridge" / att.key).write_bytes(torn)
+    (tmp_path / "nft" / ownership.record_name(att, "masq")).write_bytes(torn)
+    assert veths.record(att.key) is None and veths.records() == []
+    assert ownership.load(nft, att, "masq") is ownership.TORN  # its DEL searches: see test_gc.py

@@ -25,9 +25,11 @@ from pycni.sdk import Attachment
 from ..state import Records
 from .listing import remove_found, search
 from .ownership import (
+    TORN,
     Comment,
     Element,
     authoritative,
+    claim_first,
     comment,
     holder,
     holds,
@@ -37,6 +39,7 @@ from .ownership import (
     record_name,
     records,
     save,
+    saver,
 )
 from .skeleton import Section, ensure
 from .transport import ElementConflict, NftError, run, table
@@ -120,7 +123,9 @@ def apply(
     stale = [e for e in old if e not in wanted]
     needs = [(s.family, s.sentinel) for s in sections]
     kept = [*stale, *(e for e in wanted if e in old)]
-    save(store, attachment, owner, kept, [e for e in wanted if e not in old], sections=needs, shared=shared)
+    claim_first(store)  # a state dir's first record claims the table
+    write = saver(store, attachment, owner, sections=needs, shared=shared)
+    write(kept, [e for e in wanted if e not in old])
     failpoint(f"nft.apply.{owner}.after-record")
     text = comment(attachment, owner)
     extra = [e.add() for e in shared]
@@ -143,22 +148,25 @@ def apply(
         else:
             store.remove(record_name(attachment, owner))
         raise
-    save(store, attachment, owner, wanted, sections=needs, shared=shared)
+    write(wanted, ())
 
 
 def recorded(owner: str, attachment: Attachment, *, state_dir: str) -> list[Element] | None:
     """The attachment's committed elements for ``owner`` (``None``: no record)."""
     loaded = load(records(state_dir), attachment, owner)
-    return None if loaded is None else owned(attachment, loaded)
+    return None if loaded is None or loaded is TORN else owned(attachment, loaded)
 
 
 def release(owner: str, attachment: Attachment, *, state_dir: str) -> None:
     """Remove the attachment's elements for ``owner``; a no-op when there are none."""
     store = records(state_dir)
     loaded = load(store, attachment, owner)
-    if loaded is None:
-        if not authoritative(store):
+    if loaded is None or loaded is TORN:
+        # What a torn record listed is unknown: its elements are searched for as without a state dir.
+        if loaded is TORN or not authoritative(store):
             remove_found(search(attachment.key, owner))
+        if loaded is TORN:
+            store.remove(record_name(attachment, owner))
         return
     # Pending elements only if ours: the ADD may have been killed before its commit.
     elements = owned(attachment, loaded)

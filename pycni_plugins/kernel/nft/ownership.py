@@ -15,10 +15,11 @@ again when the table had to be rebuilt.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -49,9 +50,12 @@ __all__ = [
     "record_name",
     "filed",
     "load",
+    "TORN",
     "save",
+    "saver",
     "owned",
     "claim",
+    "claim_first",
     "reclaim",
     "authoritative",
 ]
@@ -183,14 +187,19 @@ def filed(store: Records) -> Iterator[tuple[str, str, str]]:
             yield name, key, owner
 
 
+#: What :func:`load` gives for a record that is there but does not read (torn by a power cut,
+#: see :mod:`..state`): which elements it listed is unknown.
+TORN: tuple[list[Element], list[Element]] = ([], [])
+
+
 def load(store: Records, attachment: Attachment, owner: str) -> tuple[list[Element], list[Element]] | None:
-    """The attachment's confirmed and pending elements, or ``None`` (no record).
+    """The attachment's confirmed and pending elements, ``None`` (no record) or :data:`TORN`.
 
     ADD records its new elements as pending before the commit and confirms them after.
     """
-    rec = store.load(record_name(attachment, owner))
-    if rec is None:
-        return None
+    rec = store.load(record_name(attachment, owner), torn=TORN)
+    if rec is None or rec is TORN:
+        return rec
     return [Element.from_json(r) for r in rec.get("elements", ())], [
         Element.from_json(r) for r in rec.get("pending", ())
     ]
@@ -209,26 +218,42 @@ def save(
     """Write the record: the confirmed ``elements``, the ``pending`` ones, and what a heal needs
     to put them back without the plugin's config (:func:`~.listing.restore_all`): the
     ``sections`` they need, as (family, sentinel chain), the ``shared`` elements of their ADD,
-    and the cookie of the namespace whose table holds them (a state dir may serve several)."""
-    if _epoch(store) is None:
-        claim(store)
-    record: dict[str, Any] = {
-        "attachment": attrs.asdict(attachment),
-        "owner": owner,
-        "elements": [e.to_json() for e in elements],
-    }
-    if pending:
-        record["pending"] = [e.to_json() for e in pending]
+    and the cookie of the namespace whose table holds them (a state dir may serve several).
+    The state dir's first record is written after :func:`claim_first`."""
+    saver(store, attachment, owner, sections=sections, shared=shared)(elements, pending)
+
+
+def saver(
+    store: Records,
+    attachment: Attachment,
+    owner: str,
+    *,
+    sections: Iterable[tuple[str, str]] = (),
+    shared: Iterable[Element] = (),
+) -> Callable[[Iterable[Element], Iterable[Element]], None]:
+    """:func:`save` for records written one after the other in one namespace (an ADD's pending
+    and confirmed ones): the name and all but the elements are worked out once."""
+    name = record_name(attachment, owner)
+    head: dict[str, Any] = {"attachment": attrs.asdict(attachment), "owner": owner}
+    tail: dict[str, Any] = {}
     needs = [list(s) for s in sections]
     if needs:
-        record["sections"] = needs
+        tail["sections"] = needs
     extra = [e.to_json() for e in shared]
     if extra:
-        record["shared"] = extra
+        tail["shared"] = extra
     cookie = memo().cookie
     if cookie is not None:
-        record["netns"] = cookie
-    store.store(record_name(attachment, owner), record)
+        tail["netns"] = cookie
+
+    def write(elements: Iterable[Element], pending: Iterable[Element]) -> None:
+        record = {**head, "elements": [e.to_json() for e in elements]}
+        if pending:
+            record["pending"] = [e.to_json() for e in pending]
+        record.update(tail)
+        store.store(name, record)
+
+    return write
 
 
 def owned(attachment: Attachment, loaded: tuple[list[Element], list[Element]] | None) -> list[Element]:
@@ -271,11 +296,32 @@ def claim(store: Records) -> None:
     elsewhere, and this dir never becomes authoritative (DEL without a record searches)."""
     token = secrets.token_hex(7)
     if not store.create(EPOCH, token):
-        return  # a concurrent first writer won; its token stands
+        if _epoch(store) is not None:
+            return  # a concurrent first writer won; its token stands
+        # A power cut left it torn (records are not fsync'd): the table it named is gone, and
+        # the one here is claimed below only if nobody has claimed it meanwhile.
+        store.store(EPOCH, token)
     if _epoch_tokens():
         return
     run([f"add table inet {TABLE}", f"add set inet {TABLE} {EPOCH} {{ type ifname; }}", _epoch_element(token).add()])
     memo().authoritative.clear()
+
+
+#: When this process last saw each state dir's epoch (by root), so that claim_first reads it at
+#: most once per VERIFY_EVERY (a state dir's token is trusted for as long: see authoritative).
+#: A look skipped can only delay a claim, which never made a dir authoritative by itself: a claim
+#: takes a table only nobody has claimed, and a table rebuilt meanwhile is reclaimed by apply.
+_epoch_seen: dict[str, float] = {}
+
+
+def claim_first(store: Records) -> None:
+    """Before a record is written: :func:`claim` the table unless the state dir has done so."""
+    now = time.monotonic()
+    if now - _epoch_seen.get(store.root, -math.inf) < VERIFY_EVERY:
+        return
+    if _epoch(store) is None:  # none yet, or one a power cut left torn
+        claim(store)
+    _epoch_seen[store.root] = now
 
 
 def reclaim(store: Records) -> None:
