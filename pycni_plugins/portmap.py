@@ -251,8 +251,7 @@ class PortmapPlugin(Plugin):
             conflict = _shadowed(att, wildcard)
             if conflict is not None:
                 raise conflict
-            previous = nft.recorded(_OWNER, att, state_dir=request.state_dir)
-            nft.apply(_OWNER, att, elements, sections, absent=specific, state_dir=request.state_dir)
+            previous = nft.apply(_OWNER, att, elements, sections, absent=specific, state_dir=request.state_dir)
             # A host-IP-specific ADD probes the every-address key in its own transaction; this
             # side can only look after its commit, so of two racing ADDs one always sees the other.
             # The second look is skipped when the ruleset generation shows that nothing but our

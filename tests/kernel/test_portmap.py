@@ -258,14 +258,14 @@ def test_a_host_ip_mapping_committed_between_the_two_looks_still_refuses_the_eve
     plugin = PortmapPlugin()
     one = [{"hostPort": 18080, "containerPort": 80, "hostIP": "10.77.0.1"}]
     wild = [{"hostPort": 18080, "containerPort": 80}]
-    real = portmap.nft.recorded
+    real = portmap.nft.apply
 
     def racing(*args, **kwargs):
-        monkeypatch.setattr(portmap.nft, "recorded", real)
+        monkeypatch.setattr(portmap.nft, "apply", real)
         plugin.handle(kit.request("ADD", _pm(ra, one), "a", a.path))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(portmap.nft, "recorded", racing)
+    monkeypatch.setattr(portmap.nft, "apply", racing)
     with pytest.raises(CNIError, match=r"host port 10.77.0.1:18080/tcp .*\(testnet a eth0\)"):
         plugin.handle(kit.request("ADD", _pm(rb, wild), "b", b.path))
     assert not kit.nft_elements()["hostports4"]

@@ -17,7 +17,7 @@
   forced cleanup, by listing the tables (:mod:`.listing`).
 """
 
-from .attach import apply, missing, recorded, release
+from .attach import apply, missing, release
 from .listing import Found, attachments, collect, gc, map_elements, remove, remove_attachments, restore, restore_all
 from .ownership import Comment, Element, comment, holder
 from .skeleton import Section, chains, check, ensure, hinted, reconcile_hint, repair, skeleton_problems
@@ -59,7 +59,6 @@ __all__ = [
     "missing",
     "holder",
     "map_elements",
-    "recorded",
     "Found",
     "attachments",
     "remove",

@@ -44,7 +44,7 @@ from .ownership import (
 from .skeleton import Section, ensure
 from .transport import ElementConflict, NftError, run, table
 
-__all__ = ["apply", "release", "recorded", "missing"]
+__all__ = ["apply", "release", "missing"]
 
 
 def _drop(elements: Iterable[Element]) -> list[str]:
@@ -101,9 +101,10 @@ def apply(
     absent: Sequence[Element] = (),
     *,
     state_dir: str,
-) -> None:
+) -> list[Element] | None:
     """Make ``elements`` the attachment's elements for ``owner``, in one transaction, with the
-    record under ``state_dir``.
+    record under ``state_dir``; returns the ones it held before (``None``: no record), which an
+    ADD undoing itself after the commit puts back.
 
     Elements recorded by an earlier ADD of the same attachment and not wanted now are removed
     in the same transaction. The record is written before the commit (the new elements as
@@ -149,12 +150,7 @@ def apply(
             store.remove(record_name(attachment, owner))
         raise
     write(wanted, ())
-
-
-def recorded(owner: str, attachment: Attachment, *, state_dir: str) -> list[Element] | None:
-    """The attachment's committed elements for ``owner`` (``None``: no record)."""
-    loaded = load(records(state_dir), attachment, owner)
-    return None if loaded is None or loaded is TORN else owned(attachment, loaded)
+    return None if loaded is None or loaded is TORN else old
 
 
 def release(owner: str, attachment: Attachment, *, state_dir: str) -> None:
