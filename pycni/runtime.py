@@ -325,7 +325,7 @@ class Runtime:
         collected: list[str] = []
         skipped: list[str] = []
         errors: list[str] = []
-        with self.cache.network_lock(net.name, exclusive=True):
+        with self.cache.network_lock(net.name, exclusive=True), self.plugins.hosted():
             entries = [e for e in self.cache.attachments() if e.network == net.name]
             alive = [_netns.is_netns(e.netns) for e in entries]
             gone = [e for e, ok in zip(entries, alive) if not ok]
