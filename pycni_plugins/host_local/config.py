@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import attrs
 
 from pycni import version as _version
-from pycni._json import GoFields, GoReader, GoValueError, go_array, go_object, go_string
+from pycni._json import GoFields, GoReader, GoValueError, dumps_compact, go_array, go_object, go_string
 from pycni.errors import CNIError, ConfigError
 from pycni.sdk import PluginRequest, validate_network_name
 from pycni.types import IPAddress, Route
@@ -273,8 +273,29 @@ def _check_data_dir(data_dir: str) -> None:
         raise ConfigError(f'invalid dataDir "{data_dir}"', 'it must not contain ".." components or NUL')
 
 
+#: Configs decoded lately, by the config's exact JSON text and ``CNI_ARGS`` (all ``load_config``
+#: reads): a runtime's preflight and its ADD, or the ADDs of one network, decode the same config.
+#: A :class:`HostLocalConfig` is immutable all the way down, so one may be handed out twice.
+_decoded: dict[tuple[str, str], HostLocalConfig] = {}
+_DECODED_MAX = 32
+
+
 def load_config(request: PluginRequest) -> HostLocalConfig:
     """Decode and validate as the reference does, with its error texts (code 999)."""
+    try:
+        key = (dumps_compact(request.config), request.args)
+    except (TypeError, ValueError):  # not JSON text (only a caller's own object can be): decode it anyway
+        return _load_config(request)
+    conf = _decoded.get(key)
+    if conf is None:
+        conf = _load_config(request)  # a config that fails is not kept: it fails again, the same way
+        if len(_decoded) >= _DECODED_MAX:
+            _decoded.clear()
+        _decoded[key] = conf
+    return conf
+
+
+def _load_config(request: PluginRequest) -> HostLocalConfig:
     validate_network_name(request.network_name)  # skel's check again: the name becomes a dir under dataDir
     top = _reader(request.config, "Net")
     ipam_raw = top.get("ipam")
