@@ -277,3 +277,45 @@ def test_a_host_namespace_path_pointed_elsewhere_between_operations_is_followed(
     assert [ns for _, _, ns in backend.ran] == [netns.run_in(first.path, own)] * 3 + [
         netns.run_in(second.path, own)
     ] * 3
+
+
+def _stat_identity() -> tuple[int, int]:
+    st = os.stat("/proc/thread-self/ns/net")
+    return st.st_dev, st.st_ino
+
+
+def test_nested_entered_blocks_come_back_through_the_outer_blocks_fd(make_netns, monkeypatch):
+    a, b = make_netns("a"), make_netns("b")
+    before = own()
+    opened: list[str] = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda p, *r, **k: (opened.append(str(p)), real_open(p, *r, **k))[1])
+    with netns.entered(a.path):
+        in_a = own()
+        with netns.entered(b.path):
+            in_b = own()
+            with netns.entered(a.path):
+                assert own() == in_a
+            assert own() == in_b
+        with pytest.raises(RuntimeError), netns.entered(b.path):
+            raise RuntimeError("boom")
+        assert own() == in_a
+    assert own() == before and len({before, in_a, in_b}) == 3
+    assert opened.count("/proc/thread-self/ns/net") == 1  # the outermost block only
+
+
+def test_own_identity_is_the_threads_namespace_inside_and_outside_entered_blocks(make_netns):
+    a, b = make_netns("a"), make_netns("b")
+    assert netns.own_identity() == _stat_identity()
+    with netns.entered(a.path):
+        assert netns.own_identity() == _stat_identity() == netns.identity(a.path)
+        with netns.entered(b.path):
+            assert netns.own_identity() == _stat_identity() == netns.identity(b.path)
+            seen: list[tuple[int, int]] = []
+            worker = threading.Thread(target=lambda: seen.append(netns.own_identity()))
+            worker.start()
+            worker.join()
+            assert seen == [netns.identity(b.path)]  # a new thread starts in b and finds it out itself
+        assert netns.own_identity() == _stat_identity() == netns.identity(a.path)
+        assert netns.run_in(b.path, netns.own_identity) == netns.identity(b.path)
+    assert netns.own_identity() == _stat_identity()
