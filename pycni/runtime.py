@@ -127,11 +127,7 @@ class Runtime:
         """The network (shared) and container locks of one operation. Exec'd plugins inherit the
         container lock, so one that outlives a killed runtime holds off the next operation on
         that container until it is done (instead of racing it)."""
-        with (
-            self.cache.network_lock(network, exclusive=False) as nfd,
-            self.cache.container_lock(container_id) as cfd,
-            inheriting((nfd, cfd)),
-        ):
+        with self.cache.attachment_locks(network, container_id) as fds, inheriting(fds):
             yield
 
     # -- ADD -----------------------------------------------------------------------------
