@@ -385,8 +385,14 @@ def loads(data: bytes | str, *, float64_numbers: bool = False, go_maps: bool = F
         raise JSONDecodeFailure(str(e)) from None
 
 
+# Made once: json.dumps with any argument builds a new encoder per call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_COMPACT_SORTED = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+_GO_INDENTED = json.JSONEncoder(ensure_ascii=False, indent="\t", separators=(",", ": "))
+
+
 def dumps_compact(value: Any, *, sort_keys: bool = False) -> str:
-    return json.dumps(value, separators=(",", ":"), sort_keys=sort_keys, ensure_ascii=False)
+    return (_COMPACT_SORTED if sort_keys else _COMPACT).encode(value)
 
 
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})
@@ -400,17 +406,19 @@ def go_escape(encoded: str) -> str:
     Python's json already escapes exactly Go's control set (``\\b \\f \\n \\r \\t`` short,
     ``\\u00xx`` lowercase); these characters only occur inside strings.
     """
+    if encoded.isascii():  # the common case: no surrogate, and translate() only if there is work
+        return encoded.translate(_GO_ESCAPES) if "<" in encoded or ">" in encoded or "&" in encoded else encoded
     return _SURROGATE.sub("\ufffd", encoded.translate(_GO_ESCAPES))
 
 
 def go_marshal(value: Any) -> str:
     """Go's ``json.Marshal`` for dicts (in struct field order), lists, str, int, bool, None."""
-    return go_escape(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
+    return go_escape(_COMPACT.encode(value))
 
 
 def go_marshal_indent(value: Any) -> str:
     """Go's ``json.MarshalIndent(v, "", "\\t")``: tab indent, ``": "``, no trailing newline."""
-    return go_escape(json.dumps(value, ensure_ascii=False, indent="\t", separators=(",", ": ")))
+    return go_escape(_GO_INDENTED.encode(value))
 
 
 _SHORT = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}

@@ -152,6 +152,21 @@ def _check_key(network: str, container_id: str, ifname: str) -> None:
     validate_attachment_key(network, container_id, ifname)
 
 
+def _check_network(network: str) -> None:
+    if not NAME_PATTERN.fullmatch(network):
+        raise InvalidArgumentError("invalid characters found in network name", network, code=7)
+
+
+def _container_offset(container_id: str) -> int:
+    """The container's byte in ``containers.lock`` (byte 0 is never one: 1 + 40 bits of its hash)."""
+    return 1 + int.from_bytes(hashlib.sha256(container_id.encode()).digest()[:5], "big")
+
+
+def _lock_range(kind: int, offset: int) -> bytes:
+    """A ``struct flock`` for the one byte at ``offset`` (``F_OFD_*`` locks need ``l_pid`` 0)."""
+    return struct.pack("@hhqqi4x", kind, os.SEEK_SET, offset, 1, 0)
+
+
 class ResultsCache:
     """The cache under ``root`` (libcni default ``/var/lib/cni``)."""
 
@@ -211,10 +226,12 @@ class ResultsCache:
     def ensure_writable(self) -> None:
         """Fail now, with a clear error, if entries could not be written later."""
         with self._dir(self.results_dir, create=True) as dfd:
+            # access() also fails (EROFS) on a read-only mount: statvfs only words the error.
+            if os.access(self.results_dir, os.W_OK | os.X_OK):
+                return
             if os.statvfs(dfd).f_flag & os.ST_RDONLY:
                 raise CacheError(f"cache dir {self.results_dir} is on a read-only filesystem")
-            if not os.access(self.results_dir, os.W_OK | os.X_OK):
-                raise CacheError(f"cache dir {self.results_dir} is not writable")
+            raise CacheError(f"cache dir {self.results_dir} is not writable")
 
     # -- entries -------------------------------------------------------------------------
 
@@ -326,17 +343,50 @@ class ResultsCache:
         to exec'd plugins, so a plugin that outlives a killed runtime still excludes the next
         operation on that container until it is done).
         """
-        offset = 1 + int.from_bytes(hashlib.sha256(container_id.encode()).digest()[:5], "big")
-        with self._range_lock("containers", offset, exclusive=True) as fd:
+        with self._range_lock("containers", _container_offset(container_id), exclusive=True) as fd:
             yield fd
 
     @contextlib.contextmanager
     def network_lock(self, network: str, *, exclusive: bool) -> Iterator[int | None]:
         """Shared for ADD/CHECK/DEL on ``network``, exclusive for its GC (yields the fd, as above)."""
-        if not NAME_PATTERN.fullmatch(network):
-            raise InvalidArgumentError("invalid characters found in network name", network, code=7)
+        _check_network(network)
         with self._range_lock(f"net-{network}", 0, exclusive=exclusive) as fd:
             yield fd
+
+    @contextlib.contextmanager
+    def attachment_locks(self, network: str, container_id: str) -> Iterator[tuple[int | None, int | None]]:
+        """``network_lock(network, exclusive=False)`` then ``container_lock(container_id)``, as
+        one ADD/CHECK/DEL takes them (yields both fds), with both lock files opened in one visit
+        to the locks dir."""
+        _check_network(network)
+        net_name = name = f"net-{network}"
+        try:
+            with self._dir(self.locks_dir, create=True) as dfd:
+                nfd = self._open_lock(dfd, name)
+                name = "containers"
+                try:
+                    cfd = self._open_lock(dfd, name)
+                except BaseException:
+                    os.close(nfd)
+                    raise
+        except (OSError, CacheError) as e:
+            if not _unwritable(e):
+                raise CacheError(f"failed to open lock {self.locks_dir}/{name}.lock: {e}") from None
+            # Read-only: each lock on its own, within this process (see _range_lock).
+            with self.network_lock(network, exclusive=False) as nfd_, self.container_lock(container_id) as cfd_:
+                yield nfd_, cfd_
+            return
+        try:
+            self._acquire(nfd, _lock_range(fcntl.F_RDLCK, 0), net_name)
+            self._acquire(cfd, _lock_range(fcntl.F_WRLCK, _container_offset(container_id)), "containers")
+            yield nfd, cfd
+        finally:
+            os.close(cfd)
+            os.close(nfd)
+
+    @staticmethod
+    def _open_lock(dfd: int, name: str) -> int:
+        return os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
 
     def _acquire(self, fd: int, lock: bytes, name: str) -> None:
         if self.lock_timeout is None:
@@ -364,7 +414,7 @@ class ResultsCache:
     def _range_lock(self, name: str, offset: int, *, exclusive: bool) -> Iterator[int | None]:
         try:
             with self._dir(self.locks_dir, create=True) as dfd:
-                fd = os.open(f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+                fd = self._open_lock(dfd, name)
         except (OSError, CacheError) as e:
             if not _unwritable(e):
                 raise CacheError(f"failed to open lock {self.locks_dir}/{name}.lock: {e}") from None
@@ -375,8 +425,7 @@ class ResultsCache:
                 yield None
             return
         try:
-            kind = fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK
-            self._acquire(fd, struct.pack("@hhqqi4x", kind, os.SEEK_SET, offset, 1, 0), name)
+            self._acquire(fd, _lock_range(fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK, offset), name)
             yield fd
         finally:
             os.close(fd)

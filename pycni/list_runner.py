@@ -10,9 +10,11 @@ outer runtime keeps the cache.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from . import netns as _netns
@@ -63,12 +65,35 @@ class ListRunner:
         self.state_dir = state_dir
         self.host_netns = host_netns
         self.strip_capabilities = strip_capabilities
+        self._hosting = threading.local()
 
     def in_host(self, fn: Callable[..., T], *args: Any) -> T:
         # The calling thread enters the host namespace itself (no thread per call), so what the
         # plugins keep per thread (nftables contexts, netlink sockets) is reused across calls.
-        with _netns.entered(self.host_netns):
-            return fn(*args)
+        stay: contextlib.ExitStack | None = getattr(self._hosting, "stay", None)
+        if stay is None:
+            with _netns.entered(self.host_netns):
+                return fn(*args)
+        if not self._hosting.inside:
+            stay.enter_context(_netns.entered(self.host_netns))
+            self._hosting.inside = True
+        return fn(*args)
+
+    @contextlib.contextmanager
+    def hosted(self) -> Iterator[None]:
+        """One operation's plugin calls (a list's ADDs, its rollback DELs) share one visit to
+        ``host_netns``: the first call enters it (failing there, as each call did alone) and
+        the thread leaves it when the block ends, not after every plugin. The path is opened
+        once per operation, so a namespace replaced between operations is the next one's."""
+        if self.host_netns is None or getattr(self._hosting, "stay", None) is not None:
+            yield
+            return
+        with contextlib.ExitStack() as stay:
+            self._hosting.stay, self._hosting.inside = stay, False
+            try:
+                yield
+            finally:
+                self._hosting.stay = None
 
     def run(self, plugin: NetworkConfig, command: str, config: dict[str, Any], rt: RuntimeConf | None) -> Any:
         request = build_request(command, config, rt, self.path, self.state_dir)
@@ -124,15 +149,16 @@ class ListRunner:
         included) are DEL'd in reverse before the error is raised.
         """
         prev: AnyResult | None = None
-        for index, plugin in enumerate(net.plugins):
-            failpoint("runtime.add.before-plugin")
-            try:
-                prev = self.add_one(net, plugin, rt, prev)
-            except CNIError as e:
-                error = e.with_context(describe(plugin, "add"))
-                if rollback:
-                    self.rollback(net, net.plugins[: index + 1], rt, prev, error)
-                raise error from e
+        with self.hosted():
+            for index, plugin in enumerate(net.plugins):
+                failpoint("runtime.add.before-plugin")
+                try:
+                    prev = self.add_one(net, plugin, rt, prev)
+                except CNIError as e:
+                    error = e.with_context(describe(plugin, "add"))
+                    if rollback:
+                        self.rollback(net, net.plugins[: index + 1], rt, prev, error)
+                    raise error from e
         assert prev is not None  # a list has at least one plugin
         return prev
 
@@ -182,25 +208,27 @@ class ListRunner:
         """DEL ``plugins`` in reverse with ``prev``. The first failure is raised unless
         ``best_effort``: then every plugin runs and the failures are returned."""
         failures: list[CNIError] = []
-        for plugin in reversed(plugins):
-            failpoint("runtime.del.before-plugin")
-            config = self.config(net, plugin, prev_result=prev, capability_args=rt.capability_args)
-            try:
-                self.run(plugin, "DEL", config, rt)
-            except CNIError as e:
-                error = e.with_context(describe(plugin, "delete"))
-                if not best_effort:
-                    raise error from e
-                failures.append(error)
+        with self.hosted():
+            for plugin in reversed(plugins):
+                failpoint("runtime.del.before-plugin")
+                config = self.config(net, plugin, prev_result=prev, capability_args=rt.capability_args)
+                try:
+                    self.run(plugin, "DEL", config, rt)
+                except CNIError as e:
+                    error = e.with_context(describe(plugin, "delete"))
+                    if not best_effort:
+                        raise error from e
+                    failures.append(error)
         return failures
 
     # -- CHECK, GC, STATUS ---------------------------------------------------------------
 
     def check(self, net: NetworkConfigList, rt: RuntimeConf, prev: Mapping[str, Any] | None) -> None:
         """CHECK every plugin in order, each given the same (cached) result."""
-        for plugin in net.plugins:
-            config = self.config(net, plugin, prev_result=prev, capability_args=rt.capability_args)
-            self.run(plugin, "CHECK", config, rt)
+        with self.hosted():
+            for plugin in net.plugins:
+                config = self.config(net, plugin, prev_result=prev, capability_args=rt.capability_args)
+                self.run(plugin, "CHECK", config, rt)
 
     def gc(
         self, net: NetworkConfigList, valid: Sequence[GCAttachment] | None, *, extra: Mapping[str, Any] | None = None
@@ -209,22 +237,24 @@ class ListRunner:
         and what the plugins that report (built-in ones) said they removed."""
         failures: list[CNIError] = []
         removed: list[str] = []
-        for plugin in net.plugins:
-            config = self.config(net, plugin, valid_attachments=valid, gc=True)
-            config.update(extra or {})
-            try:
-                out = self.run(plugin, "GC", config, None)
-            except CNIError as e:
-                failures.append(e.with_context(f"failed to GC plugin {plugin.type}"))
-                continue
-            if isinstance(out, dict):
-                removed.extend(str(item) for item in out.get("removed", ()))
+        with self.hosted():
+            for plugin in net.plugins:
+                config = self.config(net, plugin, valid_attachments=valid, gc=True)
+                config.update(extra or {})
+                try:
+                    out = self.run(plugin, "GC", config, None)
+                except CNIError as e:
+                    failures.append(e.with_context(f"failed to GC plugin {plugin.type}"))
+                    continue
+                if isinstance(out, dict):
+                    removed.extend(str(item) for item in out.get("removed", ()))
         return failures, removed
 
     def status(self, net: NetworkConfigList) -> None:
         """STATUS every plugin in order; the first error keeps its code (50/51)."""
-        for plugin in net.plugins:
-            self.run(plugin, "STATUS", self.config(net, plugin), None)
+        with self.hosted():
+            for plugin in net.plugins:
+                self.run(plugin, "STATUS", self.config(net, plugin), None)
 
     # -- versions --------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ __all__ = [
     "is_netns_fd",
     "bound",
     "identity",
+    "own_identity",
     "create",
     "can_create",
     "remove",
@@ -149,6 +150,15 @@ def identity(path: str) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def own_identity() -> tuple[int, int]:
+    """``(st_dev, st_ino)`` of the calling thread's network namespace: ``fstat`` of the fd an
+    enclosing :func:`entered` holds (every ``setns`` pycni makes goes through it), else a
+    ``stat`` of ``/proc/thread-self/ns/net``."""
+    fd: int | None = getattr(_inside, "fd", None)
+    st = os.stat(_SELF) if fd is None else os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
 @contextlib.contextmanager
 def entered(path: str | int | None) -> Iterator[None]:
     """Run the block with the *calling thread* in ``path``'s namespace (``None``: no change)."""
@@ -156,17 +166,23 @@ def entered(path: str | int | None) -> Iterator[None]:
         yield
         return
     target = open_netns(path)
-    saved = os.open(_SELF, os.O_RDONLY | os.O_CLOEXEC)
+    # Inside another entered() on this thread the way back is that block's namespace, whose fd
+    # it holds open until it has left: no need to open /proc/thread-self/ns/net again.
+    outer: int | None = getattr(_inside, "fd", None)
+    saved = os.open(_SELF, os.O_RDONLY | os.O_CLOEXEC) if outer is None else outer
     try:
         _setns(target, repr(path))
+        _inside.fd = target
         try:
             yield
         finally:
+            _inside.fd = outer
             # Failing to get back would leave this thread in a foreign namespace: never ignore it.
             _setns(saved, "(original)")
     finally:
         os.close(target)
-        os.close(saved)
+        if outer is None:
+            os.close(saved)
 
 
 def call_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -186,6 +202,8 @@ def call_in(path: str | int | None, fn: Callable[..., T], *args: Any, **kwargs: 
 
 
 _visits = threading.local()
+#: ``fd``: the namespace the innermost :func:`entered` block of this thread put it in (its open fd).
+_inside = threading.local()
 
 
 def visiting() -> bool:

@@ -127,11 +127,7 @@ class Runtime:
         """The network (shared) and container locks of one operation. Exec'd plugins inherit the
         container lock, so one that outlives a killed runtime holds off the next operation on
         that container until it is done (instead of racing it)."""
-        with (
-            self.cache.network_lock(network, exclusive=False) as nfd,
-            self.cache.container_lock(container_id) as cfd,
-            inheriting((nfd, cfd)),
-        ):
+        with self.cache.attachment_locks(network, container_id) as fds, inheriting(fds):
             yield
 
     # -- ADD -----------------------------------------------------------------------------
@@ -325,7 +321,7 @@ class Runtime:
         collected: list[str] = []
         skipped: list[str] = []
         errors: list[str] = []
-        with self.cache.network_lock(net.name, exclusive=True):
+        with self.cache.network_lock(net.name, exclusive=True), self.plugins.hosted():
             entries = [e for e in self.cache.attachments() if e.network == net.name]
             alive = [_netns.is_netns(e.netns) for e in entries]
             gone = [e for e, ok in zip(entries, alive) if not ok]

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping
 from typing import Any
@@ -32,8 +33,12 @@ class Attachment:
     @property
     def key(self) -> str:
         """A short file-name- and nft-comment-safe digest of the three."""
-        raw = "\0".join((self.network, self.container_id, self.ifname)).encode()
-        return hashlib.sha256(raw).hexdigest()[:20]
+        return _key(self.network, self.container_id, self.ifname)
+
+
+@functools.lru_cache(maxsize=1024)  # one operation asks for its attachment's key a dozen times
+def _key(network: str, container_id: str, ifname: str) -> str:
+    return hashlib.sha256("\0".join((network, container_id, ifname)).encode()).hexdigest()[:20]
 
 
 @attrs.frozen

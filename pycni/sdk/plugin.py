@@ -202,7 +202,7 @@ def _is_own_netns(path: str) -> bool:
     from .. import netns  # the plugins have it loaded; the runtime need not
 
     try:
-        return netns.identity(path) == netns.identity("/proc/thread-self/ns/net")
+        return netns.identity(path) == netns.own_identity()
     except OSError:
         return False
 

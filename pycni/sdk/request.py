@@ -25,6 +25,9 @@ def default_state_dir(env: Mapping[str, str] | None = None) -> str:
     return (os.environ if env is None else env).get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
 
 
+_STDIN = json.JSONEncoder(separators=(",", ":"))  # made once (json.dumps with arguments makes one per call)
+
+
 @attrs.frozen
 class PluginRequest:
     """One plugin invocation: the six ``CNI_*`` parameters, the decoded stdin ``config`` and
@@ -74,7 +77,7 @@ class PluginRequest:
         return load_args(self.args, known)
 
     def stdin(self) -> bytes:
-        return json.dumps(self.config, separators=(",", ":")).encode()
+        return _STDIN.encode(self.config).encode()
 
     def env(self) -> dict[str, str]:
         return {

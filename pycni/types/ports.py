@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from .._json import go_field
+from .._json import GoFields
 from ..errors import CNIError, ErrorCode
 
 __all__ = ["PORT_PROTOCOLS", "PortMapping"]
@@ -54,9 +54,11 @@ class PortMapping:
         what address it names is the plugin's business."""
         if not isinstance(entry, Mapping):
             raise _invalid("failed to parse config: invalid port mapping")
-        host_port, container_port = go_field(entry, "hostPort"), go_field(entry, "containerPort")
-        protocol = go_field(entry, "protocol") or "tcp"
-        host_ip = go_field(entry, "hostIP") or ""
+        fields = _MAPPING_FIELDS.pick(entry)  # one pass over the keys (none: already field names)
+        host_port: Any = fields.get("hostPort")
+        container_port: Any = fields.get("containerPort")
+        protocol = fields.get("protocol") or "tcp"
+        host_ip = fields.get("hostIP") or ""
         if not _port(container_port):
             raise _invalid(f"Invalid container port number: {container_port}")
         if not _port(host_port):
@@ -66,6 +68,9 @@ class PortMapping:
         if not isinstance(host_ip, str):
             raise _invalid(f'invalid host ip "{host_ip}" provided for port {host_port}')
         return cls(host_port, container_port, protocol.lower(), host_ip)
+
+
+_MAPPING_FIELDS = GoFields("hostPort", "containerPort", "protocol", "hostIP")
 
 
 def _invalid(msg: str) -> CNIError:

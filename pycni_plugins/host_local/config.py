@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import attrs
 
 from pycni import version as _version
-from pycni._json import GoFields, GoReader, GoValueError, go_array, go_object, go_string
+from pycni._json import GoFields, GoReader, GoValueError, dumps_compact, go_array, go_fold, go_object, go_string
 from pycni.errors import CNIError, ConfigError
 from pycni.sdk import PluginRequest, validate_network_name
 from pycni.types import IPAddress, Route
@@ -273,8 +273,56 @@ def _check_data_dir(data_dir: str) -> None:
         raise ConfigError(f'invalid dataDir "{data_dir}"', 'it must not contain ".." components or NUL')
 
 
+#: Configs decoded lately, by the JSON text of the top-level members ``load_config`` reads
+#: (those whose key folds onto ``name``, ``cniVersion``, ``ipam``, ``runtimeConfig`` or ``args``,
+#: so not a DEL's ``prevResult``) and ``CNI_ARGS``: a runtime's preflight, its ADD and its DEL
+#: decode the same config. A :class:`HostLocalConfig` is immutable all the way down, so one may
+#: be handed out twice. An object with a repeated key is never keyed: its text (last values
+#: only) does not say what Go's decoding of each member in turn gives.
+_decoded: dict[tuple[str, str], HostLocalConfig] = {}
+_DECODED_MAX = 32
+_READ = frozenset(("name", "cniversion", "ipam", "runtimeconfig", "args"))
+
+
+def _memo_key(request: PluginRequest) -> tuple[str, str] | None:
+    config = request.config
+    if type(config) is not dict:  # a Repeated object, or a mapping that is not decoded JSON
+        return None
+    read = {key: value for key, value in config.items() if isinstance(key, str) and go_fold(key) in _READ}
+    if not all(map(_plain, read.values())):
+        return None
+    return dumps_compact(read), request.args
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is what JSON decodes to, with no repeated key: its text then says all
+    that decoding it sees (a tuple, an int key or a Repeated object would encode like another)."""
+    kind = type(value)
+    if kind is dict:
+        return all(type(key) is str for key in value) and all(map(_plain, value.values()))
+    if kind is list:
+        return all(map(_plain, value))
+    return kind in _SCALARS
+
+
 def load_config(request: PluginRequest) -> HostLocalConfig:
     """Decode and validate as the reference does, with its error texts (code 999)."""
+    key = _memo_key(request)
+    if key is None:
+        return _load_config(request)
+    conf = _decoded.get(key)
+    if conf is None:
+        conf = _load_config(request)  # a config that fails is not kept: it fails again, the same way
+        if len(_decoded) >= _DECODED_MAX:
+            _decoded.clear()
+        _decoded[key] = conf
+    return conf
+
+
+def _load_config(request: PluginRequest) -> HostLocalConfig:
     validate_network_name(request.network_name)  # skel's check again: the name becomes a dir under dataDir
     top = _reader(request.config, "Net")
     ipam_raw = top.get("ipam")

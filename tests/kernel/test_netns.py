@@ -12,6 +12,7 @@ import pytest
 
 from pycni import netns
 from pycni.errors import CNIError
+from pycni.sdk import PluginRequest
 from tests.conftest import TEST_NS_PREFIX
 
 pytestmark = pytest.mark.privileged
@@ -188,3 +189,133 @@ def test_a_bound_path_opens_the_bound_namespace_here_and_in_run_in_workers(make_
         assert failed.value.errno == 2 and "No such file or directory" in str(failed.value)
     finally:
         os.close(fd)
+
+
+class _Recording:
+    """A backend whose plugins only note the namespace they ran in (and fail when told to)."""
+
+    name = "recording"
+
+    def __init__(self, fail: str = "") -> None:
+        self.ran: list[tuple[str, str, str]] = []
+        self.fail = fail
+
+    def find(self, plugin_type: str, paths: object) -> str:
+        return plugin_type
+
+    def run(self, plugin_type: str, request: PluginRequest) -> dict[str, object] | None:
+        command = request.command
+        self.ran.append((plugin_type, command, own()))
+        if command == "ADD" and plugin_type == self.fail:
+            raise CNIError("told to fail", code=11)
+        return {"cniVersion": "1.0.0"} if command == "ADD" else None
+
+    def is_builtin(self, plugin_type: str) -> bool:
+        return False
+
+    def validate(self, plugin_type: str, request: object) -> None:
+        return None
+
+    def version_info(self, plugin_type: str, paths: object) -> object:
+        raise AssertionError("not asked")
+
+
+def _recording_runtime(tmp_path, host: str, backend: _Recording):  # type: ignore[no-untyped-def]
+    from pycni.config import conflist_from_bytes
+    from pycni.runtime import Runtime
+
+    plugins = [{"type": t} for t in ("a", "b", "c")]
+    net = conflist_from_bytes(json.dumps({"cniVersion": "1.0.0", "name": "n", "plugins": plugins}).encode())
+    return Runtime([], cache_dir=str(tmp_path / "cache"), backend=backend, host_netns=host), net
+
+
+def test_one_operation_enters_the_host_namespace_once_for_all_its_plugins(make_netns, tmp_path, monkeypatch):
+    from pycni.runtime_conf import RuntimeConf
+
+    host, container = make_netns("host"), make_netns("c")
+    backend = _Recording()
+    runtime, net = _recording_runtime(tmp_path, host.path, backend)
+    entered_host = netns.run_in(host.path, own)
+    setns: list[int] = []
+    real = netns._setns
+    monkeypatch.setattr(netns, "_setns", lambda fd, what: (setns.append(fd), real(fd, what))[1])
+    before = own()
+    runtime.add_network_list(net, RuntimeConf("c1", container.path))
+    assert [(t, c) for t, c, _ in backend.ran] == [("a", "ADD"), ("b", "ADD"), ("c", "ADD")]
+    assert {ns for _, _, ns in backend.ran} == {entered_host}
+    assert len(setns) == 2 and own() == before  # in once, out once, back where it was
+    runtime.delete_network_list(net, RuntimeConf("c1", container.path))
+    assert [c for _, c, _ in backend.ran[3:]] == ["DEL"] * 3 and len(setns) == 4 and own() == before
+
+
+def test_a_failed_operation_with_rollback_leaves_the_host_namespace_too(make_netns, tmp_path):
+    from pycni.runtime_conf import RuntimeConf
+
+    host, container = make_netns("host"), make_netns("c")
+    backend = _Recording(fail="b")
+    runtime, net = _recording_runtime(tmp_path, host.path, backend)
+    before = own()
+    with pytest.raises(CNIError, match="told to fail"):
+        runtime.add_network_list(net, RuntimeConf("c1", container.path), rollback=True)
+    assert [(t, c) for t, c, _ in backend.ran] == [("a", "ADD"), ("b", "ADD"), ("b", "DEL"), ("a", "DEL")]
+    assert {ns for _, _, ns in backend.ran} == {netns.run_in(host.path, own)}
+    assert own() == before
+
+
+def test_a_host_namespace_path_pointed_elsewhere_between_operations_is_followed(make_netns, tmp_path):
+    from pycni.runtime_conf import RuntimeConf
+
+    first, second, container = make_netns("h1"), make_netns("h2"), make_netns("c")
+    link = tmp_path / "host"
+    link.symlink_to(first.path)
+    backend = _Recording()
+    runtime, net = _recording_runtime(tmp_path, str(link), backend)
+    runtime.add_network_list(net, RuntimeConf("c1", container.path))
+    link.unlink()
+    link.symlink_to(second.path)
+    runtime.delete_network_list(net, RuntimeConf("c1", container.path))
+    assert [ns for _, _, ns in backend.ran] == [netns.run_in(first.path, own)] * 3 + [
+        netns.run_in(second.path, own)
+    ] * 3
+
+
+def _stat_identity() -> tuple[int, int]:
+    st = os.stat("/proc/thread-self/ns/net")
+    return st.st_dev, st.st_ino
+
+
+def test_nested_entered_blocks_come_back_through_the_outer_blocks_fd(make_netns, monkeypatch):
+    a, b = make_netns("a"), make_netns("b")
+    before = own()
+    opened: list[str] = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda p, *r, **k: (opened.append(str(p)), real_open(p, *r, **k))[1])
+    with netns.entered(a.path):
+        in_a = own()
+        with netns.entered(b.path):
+            in_b = own()
+            with netns.entered(a.path):
+                assert own() == in_a
+            assert own() == in_b
+        with pytest.raises(RuntimeError), netns.entered(b.path):
+            raise RuntimeError("boom")
+        assert own() == in_a
+    assert own() == before and len({before, in_a, in_b}) == 3
+    assert opened.count("/proc/thread-self/ns/net") == 1  # the outermost block only
+
+
+def test_own_identity_is_the_threads_namespace_inside_and_outside_entered_blocks(make_netns):
+    a, b = make_netns("a"), make_netns("b")
+    assert netns.own_identity() == _stat_identity()
+    with netns.entered(a.path):
+        assert netns.own_identity() == _stat_identity() == netns.identity(a.path)
+        with netns.entered(b.path):
+            assert netns.own_identity() == _stat_identity() == netns.identity(b.path)
+            seen: list[tuple[int, int]] = []
+            worker = threading.Thread(target=lambda: seen.append(netns.own_identity()))
+            worker.start()
+            worker.join()
+            assert seen == [netns.identity(b.path)]  # a new thread starts in b and finds it out itself
+        assert netns.own_identity() == _stat_identity() == netns.identity(a.path)
+        assert netns.run_in(b.path, netns.own_identity) == netns.identity(b.path)
+    assert netns.own_identity() == _stat_identity()

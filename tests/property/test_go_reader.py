@@ -65,3 +65,12 @@ def test_one_pass_field_reads_give_what_gos_struct_decoder_leaves(field, pairs):
     expected = dict(GoFields(field).pairs(obj)).get(field)
     assert go_field(obj, field) == expected
     assert GoReader(obj).get(field) == expected
+
+
+@SETTINGS
+@given(text=st.text(alphabet=st.sampled_from('ab"\\<>&\u2028\u2029\u00e9\ud800\udfff\n')) | st.text())
+def test_go_escape_is_the_html_escapes_then_surrogates_replaced_whatever_the_text(text):
+    # The ASCII fast path must give what the general path gives.
+    from pycni._json import _GO_ESCAPES, _SURROGATE, go_escape
+
+    assert go_escape(text) == _SURROGATE.sub("\ufffd", text.translate(_GO_ESCAPES))

@@ -209,3 +209,38 @@ def test_network_gc_lock_excludes_shared_holders(tmp_path):
         assert not got.wait(0.3)
     t.join(5)
     assert got.is_set()
+
+
+def test_an_operations_locks_hold_its_container_and_share_its_network(tmp_path):
+    cache = ResultsCache(str(tmp_path), lock_timeout=0.2)
+    with cache.attachment_locks("net", "c1") as (nfd, cfd):
+        assert nfd is not None and cfd is not None and nfd != cfd
+        with cache.network_lock("net", exclusive=False), cache.container_lock("c2"):
+            pass  # another container of the network goes ahead
+        failed: list[CacheError] = []
+
+        def take(blocked):
+            try:
+                with blocked():
+                    pass
+            except CacheError as e:
+                failed.append(e)
+
+        for blocked in (lambda: cache.container_lock("c1"), lambda: cache.network_lock("net", exclusive=True)):
+            t = threading.Thread(target=take, args=(blocked,))
+            t.start()
+            t.join(5)
+        assert [e.code for e in failed] == [11, 11], "the same container and the network's GC wait"
+    with cache.container_lock("c1"), cache.network_lock("net", exclusive=True):
+        pass  # both released
+    assert sorted(os.listdir(tmp_path / "locks")) == ["containers.lock", "net-net.lock"]
+
+
+def test_an_operations_locks_refuse_a_bad_network_name_and_an_unusable_locks_dir(tmp_path):
+    cache = ResultsCache(str(tmp_path))
+    with pytest.raises(InvalidArgumentError, match="invalid characters"), cache.attachment_locks("a/b", "c1"):
+        pass
+    (tmp_path / "locks").write_text("not a dir")
+    with pytest.raises(CacheError, match=r"failed to open lock .*/net-net\.lock: cannot use cache dir"):
+        with cache.attachment_locks("net", "c1"):
+            pass

@@ -173,3 +173,51 @@ def test_the_fake_store_allocates_as_the_disk_store_does(tmp_path: Path):
         files = {p.name: p.read_bytes() for p in (tmp_path / "net").iterdir() if p.name[0].isdigit()}
     assert files == fake.leases
     assert fake.last_reserved(0) == ip_address("198.18.0.11")
+
+
+def test_a_config_decoded_again_is_the_same_immutable_object_until_it_or_cni_args_change():
+    from pycni_plugins.host_local import config as config_module
+
+    base = {
+        "cniVersion": "1.0.0",
+        "name": "memo",
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.18.3.0/24"}]]},
+    }
+    first = load_config(PluginRequest("ADD", base))
+    assert load_config(PluginRequest("DEL", dict(base), container_id="other")) is first
+    asking = load_config(PluginRequest("ADD", base, args="IP=198.18.3.9"))
+    assert asking.requested_ips == (ip_address("198.18.3.9"),) and first.requested_ips == ()
+    moved = {**base, "ipam": {**base["ipam"], "ranges": [[{"subnet": "198.18.4.0/24"}]]}}
+    assert str(load_config(PluginRequest("ADD", moved)).range_sets[0][0].subnet) == "198.18.4.0/24"
+    with pytest.raises(AttributeError):
+        first.range_sets = ()  # type: ignore[misc]
+    bad = {**base, "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.18.3.0/33"}]]}}
+    for _ in range(2):  # a refused config is refused every time, never remembered
+        with pytest.raises(CNIError, match="invalid CIDR address"):
+            load_config(PluginRequest("ADD", bad))
+    with_prev = {**base, "prevResult": {"cniVersion": "1.0.0", "ips": [{"address": "198.18.3.7/24"}]}}
+    assert load_config(PluginRequest("DEL", with_prev)) is first  # what load_config never reads is not the key
+    for i in range(2 * config_module._DECODED_MAX):
+        load_config(PluginRequest("ADD", {**base, "name": f"memo{i}"}))
+    assert len(config_module._decoded) <= config_module._DECODED_MAX
+
+
+def test_a_config_whose_decoding_its_text_does_not_tell_is_decoded_every_time():
+    from pycni._json import loads
+
+    base = {"cniVersion": "1.0.0", "name": "plain", "ipam": {"type": "host-local", "dataDir": "/a"}}
+    ipam = '{"type":"host-local","dataDir":"/a"}'
+    ranges = '{"ranges":[[{"subnet":"198.18.5.0/24"}]]}'
+    text = f'{{"cniVersion":"1.0.0","name":"plain","ipam":{ipam},"IPAM":{ranges},"ipam":{ipam}}}'
+    repeated = loads(text)  # "ipam" twice: Go decodes the members in turn, and the last one wins
+    same_text = dict(repeated)  # the same JSON text, where the "IPAM" after "ipam" wins
+    assert same_text == {**base, "IPAM": {"ranges": [[{"subnet": "198.18.5.0/24"}]]}}
+    assert str(load_config(PluginRequest("ADD", same_text)).range_sets[0][0].subnet) == "198.18.5.0/24"
+    for _ in range(2):
+        with pytest.raises(CNIError, match="no IP ranges specified"):
+            load_config(PluginRequest("ADD", repeated))
+    listed = {**base, "ipam": {"type": "host-local", "ranges": [[{"subnet": "198.18.6.0/24"}]]}}
+    assert str(load_config(PluginRequest("ADD", listed)).range_sets[0][0].subnet) == "198.18.6.0/24"
+    as_tuple = {**base, "ipam": {"type": "host-local", "ranges": ([{"subnet": "198.18.6.0/24"}],)}}
+    with pytest.raises(CNIError, match="cannot unmarshal"):  # encodes as the list above, decodes otherwise
+        load_config(PluginRequest("ADD", as_tuple))

@@ -29,6 +29,14 @@ def test_from_json_matches_go_field_names_and_lowers_the_protocol() -> None:
     assert PortMapping.from_json({"hostPort": 1, "containerPort": 2, "protocol": None}).protocol == "tcp"
 
 
+def test_from_json_takes_the_later_of_two_keys_reaching_a_field_as_go_does() -> None:
+    from pycni._json import loads
+
+    assert PortMapping.from_json({"hostPort": 1, "HOSTPORT": 3, "containerPort": 2}).host_port == 3
+    repeated = loads('{"hostPort": 1, "HostPort": 5, "hostPort": 4, "containerPort": 2, "extra": 0}')
+    assert PortMapping.from_json(repeated) == PortMapping(4, 2)
+
+
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
