@@ -99,7 +99,11 @@ def _phase(
         samples.append((time.perf_counter() - start) * 1000)
         outcomes.append(outcome)
         progress.tick(f"{backend} n={n} {op}", i + 1, n)
-    row = {
+    return outcomes, _row(backend, n, op, samples, errors, first)
+
+
+def _row(backend: str, n: int, op: str, samples: list[float], errors: int, first: str | None) -> dict[str, Any]:
+    return {
         "backend": backend,
         "n": n,
         "op": op,
@@ -108,17 +112,34 @@ def _phase(
         "first_error": first,
         "samples": [round(s, 3) for s in samples],
     }
+
+
+def _pooled(row: dict[str, Any], earlier: list[dict[str, Any]], progress: Progress) -> dict[str, Any]:
+    """``row`` with the samples and errors of the same op's ``earlier`` rounds pooled in
+    (they come first), as printed."""
+    if earlier:
+        rows = [*earlier, row]
+        first = next((r["first_error"] for r in rows if r["first_error"]), None)
+        samples = [s for r in rows for s in r["samples"]]
+        row = _row(row["backend"], row["n"], row["op"], samples, sum(r["errors"] for r in rows), first)
     progress.line(
-        f"    {backend:<16} n={n:<5} {op:<5} p50 {row['p50_ms']:8.1f} ms  p90 {row['p90_ms']:8.1f} ms"
-        f"  p99 {row['p99_ms']:8.1f} ms" + (f"  errors {errors}: {first}" if errors else "")
+        f"    {row['backend']:<16} n={row['n']:<5} {row['op']:<5} p50 {row['p50_ms']:8.1f} ms"
+        f"  p90 {row['p90_ms']:8.1f} ms  p99 {row['p99_ms']:8.1f} ms"
+        + (f"  errors {row['errors']}: {row['first_error']}" if row["errors"] else "")
     )
-    return outcomes, row
+    return row
 
 
 def latency_cell(
-    backend: Backend, n: int, session: Session, progress: Progress
+    backend: Backend, n: int, session: Session, progress: Progress, rounds: int = 1
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """One backend at one N: rows for each op, and the cell's facts (rules, first packet, …)."""
+    """One backend at one N: rows for each op, and the cell's facts (rules, first packet, …).
+
+    With ``rounds`` > 1 the cell's N containers are added and deleted ``rounds`` − 1 times
+    first, and each op's row pools the samples of every round (CHECK runs in the last one): at
+    small N one cell's first ADDs (the bridge made, and the kernel's work that follows it) are
+    otherwise a fifth of the samples.
+    """
     fds_before = _open_fds()
     threads_before = set(threading.enumerate())
     load = os.getloadavg()
@@ -126,8 +147,12 @@ def latency_cell(
     rows = []
     with session.cell(f"{backend.name}-n{n}", n) as cell:
         driver = backend.make(cell)
+        earlier: dict[str, list[dict[str, Any]]] = {"add": [], "del": []}
+        for _ in range(rounds - 1):
+            for op, call in (("add", driver.add), ("del", driver.delete)):
+                earlier[op].append(_phase(backend.name, n, op, call, progress)[1])
         results, row = _phase(backend.name, n, "add", driver.add, progress)
-        rows.append(row)
+        rows.append(_pooled(row, earlier["add"], progress))
         addresses = [driver.address(r) for r in results if r is not None]
         snap = rules.snapshot(cell.host)
         last = results[-1]
@@ -143,7 +168,7 @@ def latency_cell(
         after_add = rules.count(snap)
         for op, call in (("check", driver.check), ("del", driver.delete)):
             if op in driver.ops:
-                rows.append(_phase(backend.name, n, op, call, progress)[1])
+                rows.append(_pooled(_phase(backend.name, n, op, call, progress)[1], earlier.get(op, []), progress))
         after_del = rules.count(rules.snapshot(cell.host))
         close = getattr(driver, "close", None)
         if close is not None:  # sockets a driver keeps for the cell (the floor's) are no backend's leftovers
@@ -153,6 +178,7 @@ def latency_cell(
     facts = {
         "backend": backend.name,
         "n": n,
+        "rounds": rounds,
         "wall_s": round(time.perf_counter() - started, 3),
         "loadavg_1m_at_start": round(load[0], 2),
         "addresses": len(addresses),

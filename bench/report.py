@@ -54,6 +54,12 @@ def _latency(doc: dict[str, Any]) -> list[str]:
             if floored
             else ""
         )
+        + (
+            f"Each cell added and deleted its N containers {rounds} times, the samples of every round pooled "
+            "(CHECK in the last round only). "
+            if (rounds := doc["config"].get("rounds", 1)) > 1
+            else ""
+        )
         + "With fewer than 100 samples p99 is close to the maximum.",
         "",
     ]

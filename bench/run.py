@@ -72,6 +72,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="N in 1,10,100 (overrides --n)")
     p.add_argument("--n", type=_ints, default=[1, 10, 100, 1000], help="containers per cell (default 1,10,100,1000)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="R",
+        help="latency: add and delete each cell's containers R times, the samples of every round pooled"
+        " (CHECK in the last): at small N one round's first ADDs weigh on its p50",
+    )
     every = tuple(dict.fromkeys(drivers.BACKENDS + drivers.CONFLIST_BACKENDS))
     folded = ",".join(drivers.FOLDED_BACKENDS)
     p.add_argument(
@@ -156,6 +164,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.json and not os.access(Path(args.json).resolve().parent, os.W_OK):
         p.error(f"--json {args.json}: its directory does not exist or is not writable")  # fail before, not after, a run
+    if args.rounds < 1:
+        p.error(f"--rounds {args.rounds}: at least 1")
     if args.quick:
         args.n = [1, 10, 100]
     args.workload = drivers.DEFAULT
@@ -241,7 +251,7 @@ def run(args: argparse.Namespace, session: Session, doc: dict[str, Any], progres
             order = [b for b in _rotate(timed, k) if n <= args.max_n.get(b, n)]
             progress.line(f"== latency n={n}: {' → '.join(order)}")
             for position, name in enumerate(order):
-                rows, facts = measure.latency_cell(available[name], n, session, progress)
+                rows, facts = measure.latency_cell(available[name], n, session, progress, args.rounds)
                 doc["rows"].extend(rows)
                 doc["cells"].append({**facts, "position": position})
 
@@ -418,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         "argv": sys.argv[1:] if argv is None else argv,
         "config": {
             "n": args.n,
+            "rounds": args.rounds,
             "backends": args.backends,
             "max_n": args.max_n,
             "sections": args.sections,

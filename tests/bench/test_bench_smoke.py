@@ -103,6 +103,30 @@ def test_harness_runs_every_section_and_leaves_nothing(workdir: Path) -> None:
     assert png.read_bytes().startswith(b"\x89PNG")
 
 
+def test_rounds_pool_the_samples_of_every_round_and_check_runs_in_the_last(workdir: Path) -> None:
+    out = workdir / "rounds.json"
+    argv = [sys.executable, "bench/run.py", "--n", "2", "--rounds", "3", "--sections", "latency",
+            "--backends", "pycni-inprocess", "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    samples = {(r["backend"], r["op"]): len(r["samples"]) for r in doc["rows"]}
+    assert samples == {
+        ("pycni-inprocess", "add"): 6,
+        ("pycni-inprocess", "check"): 2,
+        ("pycni-inprocess", "del"): 6,
+        ("floor", "add"): 6,
+        ("floor", "del"): 6,
+    }
+    assert all(r["errors"] == 0 for r in doc["rows"]), [r["first_error"] for r in doc["rows"]]
+    assert {c["rounds"] for c in doc["cells"]} == {3}
+    md = workdir / "rounds.md"
+    subprocess.run([sys.executable, "bench/report.py", "--json", str(out), "--markdown", str(md)], cwd=REPO, check=True)
+    assert "added and deleted its N containers 3 times" in md.read_text()
+    assert all(c["distinct_addresses"] and c["open_fds_delta"] <= 0 for c in doc["cells"]), doc["cells"]
+    assert doc["cleanup"] == {"swept_namespaces": [], "temp_root_removed": True}
+
+
 def test_interrupted_run_cleans_up(workdir: Path) -> None:
     out = workdir / "bench.json"
     # A cell long enough (seconds) that a loaded machine cannot finish it before the signal lands.
