@@ -521,7 +521,7 @@ _FD_FLOOD = """
 import array, os, socket, sys, time
 fds = array.array("i", [os.open("/dev/null", os.O_RDONLY) for _ in range(15)])
 held, end = [], time.monotonic() + float(sys.argv[2])
-while time.monotonic() < end:
+while time.monotonic() < end and not os.path.exists(sys.argv[3]):
     try:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(0.2)
@@ -535,13 +535,19 @@ while time.monotonic() < end:
 """
 
 
-def test_a_flood_of_fds_neither_kills_nor_starves_the_daemon(start_daemon, bindir, host_ns, make_netns):
+def test_a_flood_of_fds_neither_kills_nor_starves_the_daemon(start_daemon, bindir, host_ns, make_netns, tmp_path):
     """Under a 64-fd limit, four processes keep sending one byte with 15 fds on connection
     after connection: the daemon closes the fds it cannot use, survives running out of fds on
-    accept, and serves a shim once they stop."""
+    accept, and serves a shim once they stop (they stop once it has run out, or after 30 s)."""
     daemon = start_daemon(wrap=("prlimit", "--nofile=64:64", "--"))
-    flood = [subprocess.Popen([PYTHON, "-c", _FD_FLOOD, daemon.socket, str(scaled(3))], cwd="/") for _ in range(4)]
+    stop = tmp_path / "stop"
+    argv = [PYTHON, "-c", _FD_FLOOD, daemon.socket, str(scaled(30)), str(stop)]
+    flood = [subprocess.Popen(argv, cwd="/") for _ in range(4)]
     try:
+        deadline = time.monotonic() + scaled(30)
+        while "cannot accept: Too many open files" not in daemon.log() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.touch()
         for proc in flood:
             assert proc.wait(timeout=60) == 0
     finally:
