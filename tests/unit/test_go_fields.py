@@ -99,6 +99,15 @@ def test_portmap_options_and_the_mappings_its_plugin_reads_fold_as_go():
         validate(**loads(b'{"runtimeConfig": {}, "runtimeconfig": {"portMappings": ' + maps + b"}}"))
 
 
+def test_bridge_dns_folds_as_go():
+    conf = bridge.load_config(
+        request({"cniVersion": "1.0.0", "name": "n", "type": "bridge", "DNS": {"nameservers": ["198.18.0.1"]}})
+    )
+    assert conf.dns is not None and conf.dns.nameservers == ("198.18.0.1",)
+    repeated = loads(b'{"cniVersion": "1.0.0", "name": "n", "dns": {"domain": "a"}, "Dns": {"domain": "b"}}')
+    assert bridge.load_config(request(repeated)).dns.domain == "b"  # type: ignore[union-attr]
+
+
 def test_consul_tproxy_config_folds_the_long_s_as_go():
     assert decode_config(f'{{"ExcludeUID{LONG_S}": ["7"]}}').exclude_uids == ("7",)
 
