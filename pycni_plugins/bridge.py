@@ -59,7 +59,6 @@ from typing import Any
 import attrs
 
 from pycni import netns
-from pycni._json import go_field
 from pycni.errors import CNIError, ErrorCode
 from pycni.failpoints import failpoint
 from pycni.sdk import GCReport, Plugin, PluginRequest, builtin_plugin, delegate, find_plugin
@@ -141,7 +140,7 @@ def load_config(request: PluginRequest) -> BridgeConfig:
     disable = f.flag("disableContainerInterface")
     if ipam_type and disable:
         raise fail("cannot use IPAM when DisableContainerInterface flag is set")
-    dns_obj = go_field(request.config, "dns")
+    dns_obj = f.get("dns")  # f's one pass over the config's keys, not a second
     dns = DNS.from_json(dns_obj) if isinstance(dns_obj, Mapping) else None
     mac = request.load_args("MAC").get("MAC", "")
     cni_args = f.mapping("cni", source=f.mapping("args"))

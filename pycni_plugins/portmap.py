@@ -77,7 +77,12 @@ def host_address(m: PortMapping) -> tuple[IPAddress | None, int]:
 
 
 def parse_mappings(config: Mapping[str, Any]) -> list[PortMapping]:
-    runtime = go_field(config, "runtimeConfig")
+    return _mappings(go_field(config, "runtimeConfig"))
+
+
+def _mappings(runtime: Any) -> list[PortMapping]:
+    """The mappings of ``runtimeConfig`` (the plugin passes ``request.runtime_config``, whose
+    reader the request keeps: no second pass over the config's keys)."""
     entries = go_field(runtime, "portMappings") if isinstance(runtime, Mapping) else None
     if not entries:
         return []
@@ -100,14 +105,14 @@ def _check_options(request: PluginRequest) -> tuple[bool, bool]:
     f = Fields(request.config, "failed to parse config")
     snat = f.flag("snat", default=True)
     masq_all = f.flag("masqAll")
-    bit = go_field(request.config, "markMasqBit")
+    bit = f.get("markMasqBit")  # f's one pass over the config's keys serves every read here
     external = f.string("externalSetMarkChain")
     if bit is not None and external:
         raise fail("Cannot specify externalSetMarkChain and markMasqBit")
     if bit is not None and (not isinstance(bit, int) or isinstance(bit, bool) or not 0 <= bit <= 31):
         raise fail("MasqMarkBit must be between 0 and 31")
     for key in ("externalSetMarkChain", "conditionsV4", "conditionsV6"):
-        if go_field(request.config, key):
+        if f.get(key):
             raise CNIError(f"{key} is not supported by pycni's nftables portmap", code=ErrorCode.UNSUPPORTED_FIELD)
     return snat, masq_all
 
@@ -231,14 +236,14 @@ class PortmapPlugin(Plugin):
 
     def validate(self, request: PluginRequest) -> None:
         _check_options(request)
-        parse_mappings(request.config)
+        _mappings(request.runtime_config)
 
     def add(self, request: PluginRequest) -> dict[str, Any]:
         snat, masq_all = _check_options(request)
         prev = prev_result(request)
         if prev is None:
             raise fail(_NOT_CHAINED)
-        mappings = parse_mappings(request.config)
+        mappings = _mappings(request.runtime_config)
         if not mappings:
             return emit(prev, request)
         addrs = container_addresses(request, prev)
@@ -281,7 +286,7 @@ class PortmapPlugin(Plugin):
         prev = prev_result(request)
         if prev is None:
             raise fail(_NOT_CHAINED)
-        mappings = parse_mappings(request.config)
+        mappings = _mappings(request.runtime_config)
         if not mappings:
             return
         elements, sections = _elements(mappings, container_addresses(request, prev), snat, masq_all)

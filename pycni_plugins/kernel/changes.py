@@ -17,6 +17,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pycni import netns
+
 __all__ = ["log", "netlink", "netlink_batched", "nft_transaction", "tbf", "sysctl", "iptables", "firewalld"]
 
 log = logging.getLogger("pycni_plugins.kernel")
@@ -29,7 +31,7 @@ _NFT_READS = ("list", "get", "metainfo")
 
 def _netns() -> str:
     try:
-        return str(os.stat("/proc/thread-self/ns/net").st_ino)
+        return str(netns.own_identity()[1])
     except OSError:
         return "?"
 

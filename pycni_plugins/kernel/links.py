@@ -183,8 +183,7 @@ def keeps_sockets() -> bool:
 
 def namespace_key() -> tuple[int, int, int]:
     """(pid, netns dev, netns inode) of the calling thread: what a kept socket belongs to."""
-    st = os.stat("/proc/thread-self/ns/net")
-    return (os.getpid(), st.st_dev, st.st_ino)
+    return (os.getpid(), *netns.own_identity())
 
 
 def _kept_iproute() -> IPRoute | None:

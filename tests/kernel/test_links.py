@@ -59,6 +59,34 @@ def test_other_threads_close_theirs_after_the_block(make_netns):
     assert _fds() == fds
 
 
+def test_kept_sockets_and_nft_contexts_name_the_namespace_however_the_thread_got_there(make_netns):
+    from pycni_plugins.kernel import changes
+    from pycni_plugins.kernel.nft import transport
+
+    a, b = make_netns("a"), make_netns("b")
+
+    def names() -> list[object]:
+        key = links.namespace_key()
+        return [key[0], key[1:], transport._netns_ident(), changes._netns()]
+
+    def expected(path: str) -> list[object]:
+        st = os.stat(path)
+        return [os.getpid(), (st.st_dev, st.st_ino), (st.st_dev, st.st_ino), str(st.st_ino)]
+
+    assert names() == expected("/proc/thread-self/ns/net")
+    with netns.entered(a.path):
+        assert names() == expected(a.path)
+        with netns.entered(b.path):  # nested: the inner block's namespace, then the outer's again
+            assert names() == expected(b.path)
+        assert names() == expected(a.path)
+        seen: list[list[object]] = []
+        started = threading.Thread(target=lambda: seen.append(names()))  # born in a, no block of its own
+        started.start()
+        started.join()
+        assert seen == [expected(a.path)]
+        assert netns.run_in(b.path, names) == expected(b.path)  # a worker that setns'd without a block
+
+
 def test_delete_link_returns_with_both_veth_ends_unlisted(make_netns):
     host, ctr = make_netns("h"), make_netns("c")
 

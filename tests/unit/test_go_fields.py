@@ -76,6 +76,38 @@ def test_portmap_mappings_and_their_runtime_config_fold_as_go():
     assert [(m.host_port, m.container_port) for m in portmap.parse_mappings(config)] == [(8080, 80)]
 
 
+def test_portmap_options_and_the_mappings_its_plugin_reads_fold_as_go():
+    from pycni.errors import CNIError, ErrorCode
+
+    def validate(**config: object) -> None:
+        portmap.PortmapPlugin().validate(request({"cniVersion": "1.0.0", "name": "n", "type": "portmap", **config}))
+
+    with pytest.raises(CNIError, match="MasqMarkBit must be between 0 and 31"):
+        validate(MarkMasqBit=32)
+    with pytest.raises(CNIError, match="Cannot specify externalSetMarkChain and markMasqBit"):
+        validate(markmasqbit=3, ExternalSetMarkChain="X")
+    for key, value in (("ExternalSetMarkChain", "X"), ("ConditionsV4", ["x"]), (f"condition{LONG_S}V6", ["x"])):
+        with pytest.raises(CNIError, match="is not supported by pycni's nftables portmap") as raised:
+            validate(**{key: value})
+        assert raised.value.code == ErrorCode.UNSUPPORTED_FIELD
+    validate(**loads(b'{"markMasqBit": 32, "MarkMasqBit": 31}'))  # the later key wins
+    with pytest.raises(CNIError, match="failed to parse config: invalid port mapping"):
+        validate(RuntimeConfig={"portMappings": [1]})
+    validate(runtimeConfig=[{"portMappings": [1]}])  # not an object: read as no mappings
+    with pytest.raises(CNIError, match="duplicate port mapping"):
+        maps = b'[{"hostPort": 1, "containerPort": 2}, {"HostPort": 1, "containerPort": 3}]'
+        validate(**loads(b'{"runtimeConfig": {}, "runtimeconfig": {"portMappings": ' + maps + b"}}"))
+
+
+def test_bridge_dns_folds_as_go():
+    conf = bridge.load_config(
+        request({"cniVersion": "1.0.0", "name": "n", "type": "bridge", "DNS": {"nameservers": ["198.18.0.1"]}})
+    )
+    assert conf.dns is not None and conf.dns.nameservers == ("198.18.0.1",)
+    repeated = loads(b'{"cniVersion": "1.0.0", "name": "n", "dns": {"domain": "a"}, "Dns": {"domain": "b"}}')
+    assert bridge.load_config(request(repeated)).dns.domain == "b"  # type: ignore[union-attr]
+
+
 def test_consul_tproxy_config_folds_the_long_s_as_go():
     assert decode_config(f'{{"ExcludeUID{LONG_S}": ["7"]}}').exclude_uids == ("7",)
 

@@ -3,7 +3,6 @@ the per-namespace memo of what was last verified."""
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import sys
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from pycni import netns
 from pycni._libnftables import Nftables
 from pycni.errors import CNIError, ErrorCode
 
@@ -188,8 +188,8 @@ _SO_NETNS_COOKIE = 71  # asm-generic/socket.h, Linux 5.14
 
 
 def _netns_ident() -> tuple[int, int]:
-    st = os.stat("/proc/thread-self/ns/net")
-    return st.st_dev, st.st_ino
+    # An fstat of the fd the enclosing netns.entered() holds, where a stat of the path costs ~1 us more.
+    return netns.own_identity()
 
 
 def _shared_memo() -> Memo:
@@ -250,7 +250,7 @@ def memo() -> Memo:
 
 def _probe() -> nfnl.Probe:
     """The calling thread's probe, for the namespace :func:`context` was last called in (call
-    it first: it finds the namespace, which costs a ``stat``)."""
+    it first: it finds the namespace)."""
     probe: nfnl.Probe | None = getattr(_local, "probe", None)
     if probe is None:
         probe = _local.probe = nfnl.Probe()
