@@ -28,7 +28,6 @@ IFA_F_NODAD, IFA_F_DADFAILED, IFA_F_TENTATIVE = 0x02, 0x08, 0x40
 _IFA_ADDRESS, _IFA_LOCAL = (
     next(n for n, (name, *_) in enumerate(ifaddrmsg.nla_map) if name == a) for a in ("IFA_ADDRESS", "IFA_LOCAL")
 )
-_NLMSGHDR_SIZE = 16
 _IFADDRMSG = struct.Struct("=BBBBI")  # struct ifaddrmsg: family, prefixlen, flags, scope, index
 
 
@@ -56,10 +55,10 @@ def of_link(msgs: Iterable[bytes], index: int) -> list[IPInterface]:
     message)."""
     out: list[IPInterface] = []
     for data in msgs:
-        _, prefixlen, _, _, link = _IFADDRMSG.unpack_from(data, _NLMSGHDR_SIZE)
+        _, prefixlen, _, _, link = _IFADDRMSG.unpack_from(data, batch.HEADER_SIZE)
         if link != index:
             continue
-        found = batch.attributes(data, _NLMSGHDR_SIZE + _IFADDRMSG.size, (_IFA_LOCAL, _IFA_ADDRESS))
+        found = batch.attributes(data, batch.HEADER_SIZE + _IFADDRMSG.size, (_IFA_LOCAL, _IFA_ADDRESS))
         ip = found.get(_IFA_LOCAL)
         if ip is None:
             ip = found.get(_IFA_ADDRESS)

@@ -52,7 +52,7 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 from . import changes
 from .errors import LinkError
 
-__all__ = ["Answer", "Requests", "IFF_UP", "attributes"]
+__all__ = ["Answer", "Requests", "HEADER_SIZE", "IFF_UP", "attributes"]
 
 IFF_UP = 0x1
 # linux/netlink.h: NLM_F_CREATE | NLM_F_EXCL (ip addr add) and NLM_F_CREATE | NLM_F_APPEND (ip route append)
@@ -63,6 +63,8 @@ _RECV = 1 << 16
 # linux/netlink.h: an acknowledgement without the request echoed back in it
 SOL_NETLINK, NETLINK_CAP_ACK = 270, 10
 _HEADER = struct.Struct("=IHHII")  # struct nlmsghdr: length, type, flags, sequence, port id
+#: Where a message's own header (struct ifinfomsg, rtmsg, ...) starts in its bytes.
+HEADER_SIZE = _HEADER.size
 _ERROR = struct.Struct("=i")  # struct nlmsgerr's error, right after the header (NLMSG_DONE's too)
 _SEQUENCE = struct.Struct("=I")
 _SEQUENCE_OFFSET = 8  # in struct nlmsghdr

@@ -220,7 +220,7 @@ class Link:
     peer_index: int
     operstate: str
     txqlen: int = 0
-    #: _IFLA_LINK_NETNSID: the id, in this link's namespace, of the one ``peer_index`` is in
+    #: IFLA_LINK_NETNSID: the id, in this link's namespace, of the one ``peer_index`` is in
     #: (``None``: the same namespace as this link).
     peer_netnsid: int | None = None
 

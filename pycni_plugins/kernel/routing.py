@@ -36,7 +36,7 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 RT_TABLE_MAIN, RTPROT_BOOT = 254, 3
 RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_HOST, RT_SCOPE_NOWHERE = 0, 253, 254, 255
 _RTA_OIF = [name for name, *_ in rtmsg.nla_map].index("RTA_OIF")
-_ATTRS_START = 16 + 12  # struct nlmsghdr, struct rtmsg
+_ATTRS_START = batch.HEADER_SIZE + 12  # struct rtmsg is 12 bytes
 
 
 def add_route(
