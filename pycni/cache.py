@@ -354,35 +354,15 @@ class ResultsCache:
             yield fd
 
     @contextlib.contextmanager
-    def attachment_locks(self, network: str, container_id: str) -> Iterator[tuple[int | None, int | None]]:
+    def attachment_locks(self, network: str, container_id: str) -> Iterator[tuple[int | None, ...]]:
         """``network_lock(network, exclusive=False)`` then ``container_lock(container_id)``, as
         one ADD/CHECK/DEL takes them (yields both fds), with both lock files opened in one visit
         to the locks dir."""
         _check_network(network)
-        net_name = name = f"net-{network}"
-        try:
-            with self._dir(self.locks_dir, create=True) as dfd:
-                nfd = self._open_lock(dfd, name)
-                name = "containers"
-                try:
-                    cfd = self._open_lock(dfd, name)
-                except BaseException:
-                    os.close(nfd)
-                    raise
-        except (OSError, CacheError) as e:
-            if not _unwritable(e):
-                raise CacheError(f"failed to open lock {self.locks_dir}/{name}.lock: {e}") from None
-            # Read-only: each lock on its own, within this process (see _range_lock).
-            with self.network_lock(network, exclusive=False) as nfd_, self.container_lock(container_id) as cfd_:
-                yield nfd_, cfd_
-            return
-        try:
-            self._acquire(nfd, _lock_range(fcntl.F_RDLCK, 0), net_name)
-            self._acquire(cfd, _lock_range(fcntl.F_WRLCK, _container_offset(container_id)), "containers")
-            yield nfd, cfd
-        finally:
-            os.close(cfd)
-            os.close(nfd)
+        with self._range_locks(
+            ((f"net-{network}", 0, False), ("containers", _container_offset(container_id), True))
+        ) as fds:
+            yield fds
 
     @staticmethod
     def _open_lock(dfd: int, name: str) -> int:
@@ -412,20 +392,34 @@ class ResultsCache:
 
     @contextlib.contextmanager
     def _range_lock(self, name: str, offset: int, *, exclusive: bool) -> Iterator[int | None]:
-        try:
-            with self._dir(self.locks_dir, create=True) as dfd:
-                fd = self._open_lock(dfd, name)
-        except (OSError, CacheError) as e:
-            if not _unwritable(e):
-                raise CacheError(f"failed to open lock {self.locks_dir}/{name}.lock: {e}") from None
-            # A read-only cache must not stop DEL from cleaning the kernel: lock within this
-            # process only (ADD refuses such a cache before running anything anyway).
-            log.warning("cache %s is not writable (%s); locking within this process only", self.root, e)
-            with _local_locks.setdefault((self.root, name, offset), threading.Lock()):
-                yield None
-            return
-        try:
-            self._acquire(fd, _lock_range(fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK, offset), name)
+        with self._range_locks(((name, offset, exclusive),)) as (fd,):
             yield fd
+
+    @contextlib.contextmanager
+    def _range_locks(self, specs: tuple[tuple[str, int, bool], ...]) -> Iterator[tuple[int | None, ...]]:
+        """Each ``(lock file, byte, exclusive)`` locked in order, the files opened in one visit to
+        the locks dir; yields their fds."""
+        fds: list[int] = []
+        name = specs[0][0]
+        try:
+            try:
+                with self._dir(self.locks_dir, create=True) as dfd:
+                    for name, _, _ in specs:
+                        fds.append(self._open_lock(dfd, name))
+            except (OSError, CacheError) as e:
+                if not _unwritable(e):
+                    raise CacheError(f"failed to open lock {self.locks_dir}/{name}.lock: {e}") from None
+                # A read-only cache must not stop DEL from cleaning the kernel: lock within this
+                # process only (ADD refuses such a cache before running anything anyway).
+                log.warning("cache %s is not writable (%s); locking within this process only", self.root, e)
+                with contextlib.ExitStack() as local:
+                    for name, offset, _ in specs:
+                        local.enter_context(_local_locks.setdefault((self.root, name, offset), threading.Lock()))
+                    yield (None,) * len(specs)
+                return
+            for fd, (name, offset, exclusive) in zip(fds, specs):
+                self._acquire(fd, _lock_range(fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK, offset), name)
+            yield tuple(fds)
         finally:
-            os.close(fd)
+            for fd in reversed(fds):
+                os.close(fd)
