@@ -31,6 +31,7 @@ __all__ = [
     "members_of",
     "loads",
     "dumps_compact",
+    "dumps_compact_ascii",
     "go_escape",
     "go_marshal",
     "go_marshal_indent",
@@ -388,11 +389,18 @@ def loads(data: bytes | str, *, float64_numbers: bool = False, go_maps: bool = F
 # Made once: json.dumps with any argument builds a new encoder per call.
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 _COMPACT_SORTED = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, sort_keys=True)
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"))
 _GO_INDENTED = json.JSONEncoder(ensure_ascii=False, indent="\t", separators=(",", ": "))
 
 
 def dumps_compact(value: Any, *, sort_keys: bool = False) -> str:
     return (_COMPACT_SORTED if sort_keys else _COMPACT).encode(value)
+
+
+def dumps_compact_ascii(value: Any) -> str:
+    """:func:`dumps_compact` with every non-ASCII character escaped: safe to ``.encode()`` even
+    when a string holds a lone surrogate."""
+    return _COMPACT_ASCII.encode(value)
 
 
 _GO_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -23,9 +22,6 @@ def default_state_dir(env: Mapping[str, str] | None = None) -> str:
     """The plugins' state dir when none is given: ``$PYCNI_STATE_DIR`` of ``env`` (default
     ``os.environ``), else :data:`DEFAULT_STATE_DIR`. The one place the variable is read."""
     return (os.environ if env is None else env).get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
-
-
-_STDIN = json.JSONEncoder(separators=(",", ":"))  # made once (json.dumps with arguments makes one per call)
 
 
 @attrs.frozen
@@ -77,7 +73,7 @@ class PluginRequest:
         return load_args(self.args, known)
 
     def stdin(self) -> bytes:
-        return _STDIN.encode(self.config).encode()
+        return _json.dumps_compact_ascii(self.config).encode()
 
     def env(self) -> dict[str, str]:
         return {

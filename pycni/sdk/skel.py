@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any, NoReturn, TextIO
 
 from .. import _json
-from .._json import go_escape, go_field
+from .._json import dumps_compact_ascii, go_escape, go_field
 from ..errors import CNIError, ErrorCode
 from .invoke import PARENT_PID_ENV
 from .logs import LEVEL_ENV, configure
@@ -116,7 +116,7 @@ def run(plugin: Plugin, env: Mapping[str, str], stdin: bytes, stdout: TextIO) ->
             request = _request(env, stdin)
             out = plugin.handle(request)
             if request.command == "VERSION":
-                stdout.write(json.dumps(out, separators=(",", ":")) + "\n")
+                stdout.write(dumps_compact_ascii(out) + "\n")
             elif out is not None and request.command != "GC":
                 version = str(out.get("cniVersion", ""))
                 stdout.write(_dump(out, sort=version.startswith("1.")))

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pycni import netns
+from pycni._json import dumps_compact_ascii
 
 __all__ = ["log", "netlink", "netlink_batched", "nft_transaction", "tbf", "sysctl", "iptables", "firewalld"]
 
@@ -74,7 +75,7 @@ def nft_transaction(commands: str, rc: int, err: str = "") -> None:
     through ``cmd``); logged only if it would change something."""
     if commands.lstrip().startswith("{"):
         items: list[Mapping[str, Any]] = json.loads(commands).get("nftables", [])
-        changes = [json.dumps(c, separators=(",", ":")) for c in items if not set(c) <= set(_NFT_READS)]
+        changes = [dumps_compact_ascii(c) for c in items if not set(c) <= set(_NFT_READS)]
     else:
         lines = (line.strip() for line in commands.splitlines())
         changes = [line for line in lines if line and not line.startswith(_NFT_READS)]

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal, overload
 
 from pycni._fs import check_private_dir, kept_dirs, make_dirs, read_all, write_atomic
+from pycni._json import dumps_compact_ascii
 from pycni.errors import CNIError, ErrorCode
 
 __all__ = ["Records"]
@@ -183,4 +184,4 @@ def _refused(path: str, e: OSError) -> CNIError:
 
 
 def _payload(data: Any) -> bytes:
-    return json.dumps(data, separators=(",", ":")).encode()
+    return dumps_compact_ascii(data).encode()
