@@ -304,12 +304,14 @@ class _Use(Generic[_Fd]):
             self.kept._release(self.entry)
 
 
-def _child_pid() -> None:
-    global _temp_pid
-    _temp_pid = os.getpid()
-
-
 #: The process's kept directories (plugin state records, results cache).
 kept_dirs = KeptDirs()
-os.register_at_fork(after_in_child=kept_dirs._forget_in_child)
-os.register_at_fork(after_in_child=_child_pid)
+
+
+def _after_fork_in_child() -> None:
+    global _temp_pid
+    _temp_pid = os.getpid()
+    kept_dirs._forget_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -161,7 +161,11 @@ def own_identity() -> tuple[int, int]:
 
 @contextlib.contextmanager
 def entered(path: str | int | None) -> Iterator[None]:
-    """Run the block with the *calling thread* in ``path``'s namespace (``None``: no change)."""
+    """Run the block with the *calling thread* in ``path``'s namespace (``None``: no change).
+
+    Blocks on one thread must nest strictly (leave an inner block before its outer one, as
+    ``with`` does): an inner block returns through the outer block's fd, which the outer block
+    closes when it ends."""
     if path is None:
         yield
         return
